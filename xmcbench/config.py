@@ -1,0 +1,167 @@
+"""Run configuration: one typed dataclass, resolved in a fixed order.
+
+    TrainConfig defaults < method defaults < the method's preset for the dataset < --config file < --set
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xmcbench.errors import XmcError
+from xmcbench.registry import closest_names_hint
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of a run. Component factories read the fields they need."""
+
+    # components (a method fills these)
+    encoder: str = "transformer-cls"
+    recaller: str = "cluster-linear"
+    ranker: str = "bottleneck"
+    sampler: str = "dynamic"
+    # encoder
+    model_name: str = "sentence-transformers/all-MiniLM-L6-v2"
+    pretrained_weights: bool = True  # False: random weights from the model's config (tests, benchmarks)
+    num_layers: int = 5            # [CLS] states of the last n layers, concatenated
+    dropout: float = 0.5
+    max_length: int = 128
+    # label clusters: s labels per cluster (1 = flat, 0 = automatic: flat below flat_below labels)
+    cluster_size: int = 0
+    num_clusters: int = 0          # overrides cluster_size when > 0 (a power of two)
+    flat_below: int = 30000
+    auto_cluster_size: int = 64
+    top_clusters: int = 10         # b: clusters recalled per document
+    hidden_size: int = 300         # h: the ranker's bottleneck
+    # training
+    epochs: int = 5
+    batch_size: int = 16
+    eval_batch_size: int = 64
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    sparse_label_embeddings: bool = True   # update only the label-embedding rows a step touched
+    swa: bool = True
+    swa_start_epoch: int = 1       # SWA averaging starts after this many epochs (0-based epoch index)
+    swa_every_steps: int = 200
+    validation_size: int = 0       # training documents held out for model selection (0: none, keep the last)
+    max_train_docs: int = 0        # train on a seeded subset (0: all)
+    length_bucketing: bool = True  # batches of similar length: less padding, same expected gradient
+    amp: bool = True               # automatic mixed precision, CUDA only
+    device: str = "auto"           # auto | cpu | cuda | cuda:N
+    threads: int = 0               # torch CPU threads (0: one per core)
+    seed: int = 0
+    top_k: int = 10                # labels kept per test document
+    options: dict[str, Any] = field(default_factory=dict)  # free-form knobs for third-party components
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        return apply_overrides(cls(), values, source="saved config")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A named recipe: one component per kind plus default hyperparameters and per-dataset presets."""
+
+    name: str
+    description: str
+    defaults: dict[str, Any] = field(default_factory=dict)
+    presets: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(TrainConfig)
+
+
+def _coerce(key: str, value: Any, expected, source: str) -> Any:
+    if expected is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+    elif expected is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+    elif expected is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif expected is str:
+        if isinstance(value, str):
+            return value
+    else:
+        return value
+    raise XmcError(f"{source}: {key} must be {expected.__name__}, got {value!r}")
+
+
+def apply_overrides(config: TrainConfig, overrides: dict[str, Any], source: str) -> TrainConfig:
+    """Return a copy of `config` with `overrides` applied; keys `options.NAME` set free-form options."""
+    types = _field_types()
+    values = config.to_dict()
+    for key, value in overrides.items():
+        if key.startswith("options."):
+            values["options"] = {**values["options"], key.removeprefix("options."): value}
+            continue
+        if key not in types:
+            raise XmcError(f"{source}: unknown setting {key!r}: {closest_names_hint(key, types)}")
+        if key == "options":
+            if not isinstance(value, dict):
+                raise XmcError(f"{source}: options must be a table of key = value")
+            values["options"] = {**values["options"], **value}
+            continue
+        values[key] = _coerce(key, value, types[key], source)
+    return TrainConfig(**values)
+
+
+def parse_set_options(pairs: list[str]) -> dict[str, Any]:
+    """`["epochs=3", "lr=2e-5"]` -> {"epochs": "3", "lr": "2e-5"}; typed later by `apply_overrides`."""
+    overrides: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise XmcError(f"--set expects key=value, got {pair!r} (e.g. --set epochs=3)")
+        overrides[key.strip()] = value.strip()
+    return overrides
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A TOML or JSON file of flat `key = value` settings."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise XmcError(f"cannot read config file {path}: {error.strerror}") from None
+    try:
+        values = json.loads(text) if str(path).endswith(".json") else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
+        raise XmcError(f"config file {path} is not valid {'JSON' if str(path).endswith('.json') else 'TOML'}: "
+                       f"{error}") from None
+    if not isinstance(values, dict):
+        raise XmcError(f"config file {path} must hold a table of key = value settings")
+    return values
+
+
+def resolve_config(method: MethodSpec, dataset_name: str, config_file: Path | None = None,
+                   set_options: list[str] = ()) -> TrainConfig:
+    config = apply_overrides(TrainConfig(), method.defaults, f"method {method.name!r}")
+    config = apply_overrides(config, method.presets.get(dataset_name, {}),
+                             f"method {method.name!r} preset for {dataset_name!r}")
+    if config_file is not None:
+        config = apply_overrides(config, read_config_file(config_file), str(config_file))
+    return apply_overrides(config, parse_set_options(list(set_options)), "--set")

@@ -1,0 +1,117 @@
+"""The four component contracts. Shapes: B documents, T tokens, D representation size, K clusters,
+L labels, P positives per document (padded), C candidate labels per document (padded).
+
+Components are `torch.nn.Module`s. They never move themselves to a device or choose a precision: the
+pipeline does (`model.to(device)`, autocast), so every buffer a component needs must be registered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+@dataclass
+class LabelClusters:
+    """The label -> cluster assignment as tensors the components share.
+
+    label_cluster:  (L,) long, the cluster of each label.
+    cluster_labels: (K, S) long, the labels of each cluster padded with -1 (S = largest cluster).
+    """
+
+    label_cluster: torch.Tensor
+    cluster_labels: torch.Tensor
+
+    @classmethod
+    def from_assignment(cls, label_cluster: torch.Tensor, num_clusters: int) -> "LabelClusters":
+        label_cluster = label_cluster.long()
+        sizes = torch.bincount(label_cluster, minlength=num_clusters)
+        order = torch.argsort(label_cluster, stable=True)
+        slot = torch.arange(len(order)) - torch.repeat_interleave(torch.cumsum(sizes, 0) - sizes, sizes)
+        cluster_labels = torch.full((num_clusters, int(sizes.max())), -1, dtype=torch.long)
+        cluster_labels[label_cluster[order], slot] = order
+        return cls(label_cluster, cluster_labels)
+
+    @property
+    def num_clusters(self) -> int:
+        return self.cluster_labels.shape[0]
+
+    @property
+    def num_labels(self) -> int:
+        return self.label_cluster.shape[0]
+
+    @property
+    def is_flat(self) -> bool:
+        """One label per cluster: the recaller scores every label and no ranker is needed."""
+        return self.cluster_labels.shape[1] == 1 and self.num_clusters == self.num_labels
+
+    def to(self, device) -> "LabelClusters":
+        return LabelClusters(self.label_cluster.to(device), self.cluster_labels.to(device))
+
+
+@dataclass
+class Candidates:
+    """What the ranker scores for each document.
+
+    labels:   (B, C) long label ids; padded slots hold 0 and are masked out.
+    mask:     (B, C) bool, True for real candidates. No label appears twice in a row.
+    clusters: (B, C) long, the cluster each candidate came from (for the recall score).
+    targets:  (B, C) float 0/1 during training (1 = positive label), None at prediction time.
+    """
+
+    labels: torch.Tensor
+    mask: torch.Tensor
+    clusters: torch.Tensor
+    targets: torch.Tensor | None = None
+
+
+class Encoder(nn.Module):
+    """Token ids and attention mask (B, T) -> text representation (B, D)."""
+
+    out_dim: int
+    #: the Hugging Face tokenizer that produces the ids this encoder reads
+    tokenizer: object
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def export(self, directory: Path) -> dict:
+        """Write what is needed to rebuild this encoder offline (config, tokenizer; not the weights, which
+        the pipeline saves as safetensors) and return the factory parameters that rebuild it from there."""
+        raise NotImplementedError
+
+
+class Recaller(nn.Module):
+    """Representation (B, D) -> cluster logits (B, K)."""
+
+    num_clusters: int
+
+    def forward(self, representation: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def loss(self, logits: torch.Tensor, cluster_targets: torch.Tensor) -> torch.Tensor:
+        """Binary cross-entropy of (B, K) logits against (B, K) multi-hot cluster targets, a scalar."""
+        return nn.functional.binary_cross_entropy_with_logits(logits.float(), cluster_targets)
+
+
+class Sampler(nn.Module):
+    """Training only: decides which candidate labels the ranker sees, and their 0/1 targets.
+
+    Contract: every positive label of a document is among its candidates, exactly once.
+    """
+
+    def forward(self, recall_logits: torch.Tensor, positives: torch.Tensor, clusters: LabelClusters,
+                doc_index: torch.Tensor) -> Candidates:
+        """recall_logits (B, K) detached; positives (B, P) label ids padded with -1; doc_index (B,) the
+        documents' row numbers in the training set (for samplers that remember per-document state)."""
+        raise NotImplementedError
+
+
+class Ranker(nn.Module):
+    """Representation (B, D) and candidate label ids (B, C) -> logits (B, C)."""
+
+    def forward(self, representation: torch.Tensor, candidate_labels: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError

@@ -1,0 +1,46 @@
+"""Small file helpers shared by caches and run directories: atomic writes, the cache folder, hashing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def cache_dir() -> Path:
+    """$XMCBENCH_CACHE, else ~/.cache/xmcbench."""
+    return Path(os.environ.get("XMCBENCH_CACHE") or Path.home() / ".cache" / "xmcbench")
+
+
+def fingerprint(*parts: Any) -> str:
+    """A short stable hash of JSON-serialisable parts, used as a cache key."""
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call write(file_path) on a temporary file beside `path`, fsync it, then rename it over `path`,
+    so a reader never sees a partly written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        write(Path(temporary))
+        with open(temporary, "rb+") as file:
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, value: Any) -> None:
+    atomic_write(path, lambda temporary: temporary.write_text(json.dumps(value, indent=2, default=str) + "\n"))
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
