@@ -1,0 +1,412 @@
+"""Datasets in the raw-text layout of AttentionXML / LightXML, read into sparse label matrices.
+
+A dataset folder holds four line-aligned files, one document per line:
+
+    train_texts.txt   train_labels.txt   test_texts.txt   test_labels.txt
+
+Label lines hold whitespace-separated label names. The public copies of the paper's benchmarks also ship
+``train_raw_texts.txt`` / ``test_raw_texts.txt`` (their ``*_texts.txt`` are already tokenised); the raw ones
+are preferred when present. Every file may instead be stored as ``.xz``, ``.gz`` or ``.bz2``. Optional sparse
+features of the training documents (``train_v1.txt``, LightXML's svmlight file, or ``train.txt``, the Extreme
+Classification Repository's bag of words) are only located here; another module parses them.
+
+Reading is forgiving where the intent is clear and strict where guessing would change results:
+CRLF line ends, non-UTF-8 bytes, a UTF-8 byte-order mark, duplicate labels on a line, empty texts and empty
+label lines are accepted and counted in ``Dataset.report``; files of different line counts, an empty
+training set and missing files raise ``XmcError`` with a one-line explanation.
+"""
+
+from __future__ import annotations
+
+import bz2
+import contextlib
+import gc
+import gzip
+import hashlib
+import lzma
+import os
+from dataclasses import dataclass, field
+from importlib.resources.abc import Traversable
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from xmcbench.errors import XmcError
+
+PathLike = Traversable | Path | str
+
+ENV_DATA_DIR = "XMCBENCH_DATA_DIR"
+
+# Plain first: a user who decompressed a file by hand means the plain copy.
+_COMPRESSED = (".xz", ".gz", ".bz2")
+_EXTENSIONS = ("",) + _COMPRESSED
+_OPENERS = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}
+
+# Files are read in blocks cut at newlines, so peak memory stays near the size of the result
+# instead of file bytes + decoded text + lines all at once (Wiki-500K's raw texts are several GB).
+_BLOCK_BYTES = 32 << 20
+
+_BOM = b"\xef\xbb\xbf"
+
+_FEATURE_FILES = ("train_v1.txt", "train.txt")  # LightXML's svmlight file is what LightXML itself reads
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """How to find one registered dataset and what its published statistics are.
+
+    No hyperparameters here: presets belong to methods.
+    """
+
+    name: str  # registry name, e.g. "debian-debtags-mini", "wiki500k"
+    description: str
+    dirname: str  # folder name under a user data dir (e.g. "Wiki-500K")
+    embedded: Traversable | Path | None = None  # files shipped with a package; None -> looked up in the data dir
+    num_train: int | None = None  # published statistics, for display and sanity checks
+    num_test: int | None = None
+    num_labels: int | None = None
+    propensity_a: float = 0.55  # Jain et al. 2016 A, B for PSP@k
+    propensity_b: float = 1.5
+    source: str = ""  # one line: where public copies are distributed (shown when files are missing)
+    card: str = ""  # path/URL of the dataset card
+
+
+@dataclass
+class Dataset:
+    """A loaded dataset.
+
+    Label ids: ``0 .. num_labels-1`` are the training vocabulary (sorted names); ids ``>= num_labels`` are labels
+    seen only in the test set (sorted names), kept so that recall-style metrics count them as misses.
+    ``report`` holds only the policies that changed something; keys: ``crlf_lines``, ``non_utf8_lines``,
+    ``utf8_bom_files``, ``empty_texts``, ``empty_train_label_lines``, ``empty_test_label_lines``,
+    ``duplicate_label_lines``, ``unseen_test_labels`` (distinct test labels absent from train).
+    """
+
+    name: str
+    version: str  # sha256 (first 16 hex) over the contents of the four files read: keys caches
+    label_names: list[str]  # training vocabulary (sorted), then labels seen only in test (sorted)
+    num_labels: int  # L, size of the training vocabulary; ids >= L are never predictable
+    train_texts: list[str]  # (N_train,)
+    train_labels: sp.csr_matrix  # (N_train, len(label_names)) float32 0/1
+    test_texts: list[str]  # (N_test,)
+    test_labels: sp.csr_matrix  # (N_test, len(label_names)) float32 0/1
+    feature_file: Path | None  # sparse features of the training documents when the dataset provides them
+    propensity_a: float
+    propensity_b: float
+    report: dict[str, int] = field(default_factory=dict)
+
+    def label_counts(self) -> np.ndarray:
+        """Training documents per label: (len(label_names),) int64; test-only labels count 0."""
+        return np.bincount(self.train_labels.indices, minlength=len(self.label_names)).astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------- locating
+
+
+def data_dir_from_env(cli_value: Path | None) -> Path | None:
+    """The user data directory: ``--data-dir`` if given, else ``$XMCBENCH_DATA_DIR`` if set, else None.
+
+    Not checked here: a stale variable must not break the built-in datasets, which never need it.
+    """
+    if cli_value is not None:
+        return Path(os.path.expanduser(str(cli_value)))
+    value = os.environ.get(ENV_DATA_DIR, "").strip()
+    return Path(os.path.expanduser(value)) if value else None
+
+
+def _child(folder: PathLike, name: str) -> Traversable | Path:
+    return Path(folder) / name if isinstance(folder, str) else folder.joinpath(name)
+
+
+def _first_file(folder: PathLike, names: tuple[str, ...]) -> Traversable | Path | None:
+    """The first of ``names`` x (plain, .xz, .gz, .bz2) that exists in ``folder``."""
+    for name in names:
+        for ext in _EXTENSIONS:
+            candidate = _child(folder, name + ext)
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+_EXPECTED = "train_texts.txt (or train_raw_texts.txt), train_labels.txt, test_texts.txt, test_labels.txt"
+
+
+def _dataset_files(folder: PathLike) -> tuple[dict[str, Traversable | Path], list[str]]:
+    """Map role -> file for the four files; second item lists the names of the missing ones."""
+    found: dict[str, Traversable | Path] = {}
+    missing: list[str] = []
+    raw = {split: _first_file(folder, (f"{split}_raw_texts.txt",)) for split in ("train", "test")}
+    if (raw["train"] is None) != (raw["test"] is None):
+        have, lack = ("train", "test") if raw["train"] is not None else ("test", "train")
+        raise XmcError(
+            f"{folder} has {have}_raw_texts.txt but no {lack}_raw_texts.txt; "
+            f"provide both raw text files or neither, so train and test get the same preprocessing"
+        )
+    for split in ("train", "test"):
+        texts = raw[split] or _first_file(folder, (f"{split}_texts.txt",))
+        labels = _first_file(folder, (f"{split}_labels.txt",))
+        for role, file, name in ((f"{split}_texts", texts, f"{split}_texts.txt"),
+                                 (f"{split}_labels", labels, f"{split}_labels.txt")):
+            if file is None:
+                missing.append(name)
+            else:
+                found[role] = file
+    return found, missing
+
+
+def _not_found(spec: DatasetSpec, where: str, missing: list[str] | None, hint: str) -> XmcError:
+    lacking = f" (missing: {', '.join(missing)})" if missing else ""
+    public = f". Public copies: {spec.source}" if spec.source else ""
+    return XmcError(f"dataset '{spec.name}' not found: expected {_EXPECTED} in {where}{lacking}; {hint}{public}")
+
+
+def _candidate_dirs(spec: DatasetSpec, data_dir: Path) -> list[Path]:
+    """Folders that may hold the dataset, best first."""
+    candidates = [data_dir / spec.dirname]
+    # A user who points --data-dir at the dataset folder itself means that folder.
+    if data_dir.name.lower() == spec.dirname.lower():
+        candidates.append(data_dir)
+    # Archives unpack with varying case ("wiki-500k" vs "Wiki-500K").
+    try:
+        candidates += sorted(p for p in data_dir.iterdir()
+                             if p.is_dir() and p.name.lower() == spec.dirname.lower() and p.name != spec.dirname)
+    except OSError:
+        pass
+    return candidates
+
+
+def resolve_files(spec: DatasetSpec, data_dir: Path | None) -> Traversable | Path:
+    """The folder holding the dataset's files: the embedded copy if the spec has one, else ``data_dir/dirname``."""
+    if spec.embedded is not None:
+        if not spec.embedded.is_dir():
+            raise XmcError(f"built-in dataset '{spec.name}' has no files at {spec.embedded}; reinstall xmcbench "
+                           f"(e.g. pip install -e .) so that the package xmcbench_datasets is complete")
+        _, missing = _dataset_files(spec.embedded)
+        if missing:
+            raise _not_found(spec, str(spec.embedded), missing,
+                             "reinstall xmcbench so that the package xmcbench_datasets is complete")
+        return spec.embedded
+    hint = f"set --data-dir or {ENV_DATA_DIR} to the folder holding '{spec.dirname}/'"
+    if data_dir is None:
+        raise _not_found(spec, f"'{spec.dirname}/' under a data directory, but none is set", None, hint)
+    if not data_dir.is_dir():
+        raise _not_found(spec, f"{data_dir / spec.dirname}, but the data directory {data_dir} does not exist",
+                         None, hint)
+    best_missing: tuple[Path, list[str]] | None = None
+    for folder in _candidate_dirs(spec, data_dir):
+        if not folder.is_dir():
+            continue
+        _, missing = _dataset_files(folder)
+        if not missing:
+            return folder
+        if best_missing is None:
+            best_missing = (folder, missing)
+    if best_missing is not None:
+        raise _not_found(spec, str(best_missing[0]), best_missing[1], hint)
+    raise _not_found(spec, str(data_dir / spec.dirname), None, hint)
+
+
+def _feature_file(folder: Traversable | Path) -> Path | None:
+    if not isinstance(folder, Path):
+        return None  # embedded resources ship texts only
+    for name in _FEATURE_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+@contextlib.contextmanager
+def _open_binary(file: PathLike):
+    """A binary stream of the file's contents, decompressing by suffix."""
+    file = Path(file) if isinstance(file, str) else file
+    opener = next((_OPENERS[ext] for ext in _COMPRESSED if file.name.endswith(ext)), None)
+    with file.open("rb") as raw:
+        if opener is None:
+            yield raw
+        else:
+            # The decompressor does not close a stream it was handed; the outer `with` does.
+            with opener(raw) as stream:
+                yield stream
+
+
+def _decode_block(block: bytes, counts: dict[str, int]) -> list[str]:
+    """Lines of a block that ends with b"\\n"; counts repairs into ``counts``."""
+    try:
+        text = block.decode("utf-8")
+    except UnicodeDecodeError:
+        bad = 0
+        for raw_line in block.split(b"\n"):  # only on the rare broken file: find how many lines need repair
+            try:
+                raw_line.decode("utf-8")
+            except UnicodeDecodeError:
+                bad += 1
+        counts["non_utf8_lines"] = counts.get("non_utf8_lines", 0) + bad
+        # '\n' is ASCII, never part of a multi-byte sequence, so replacement cannot merge or split lines.
+        text = block.decode("utf-8", errors="replace")
+    crlf = text.count("\r\n")
+    if crlf:
+        counts["crlf_lines"] = counts.get("crlf_lines", 0) + crlf
+        text = text.replace("\r\n", "\n")
+    return text[:-1].split("\n")
+
+
+def _read_lines(file: PathLike, counts: dict[str, int], digest=None) -> list[str]:
+    """All lines of a (possibly compressed) text file, without line ends; feeds the contents to ``digest``."""
+    lines: list[str] = []
+    pending = bytearray()  # bytes after the last newline seen so far
+    first = True
+    try:
+        with _open_binary(file) as stream:
+            while True:
+                chunk = stream.read(_BLOCK_BYTES)
+                if not chunk:
+                    break
+                if digest is not None:
+                    digest.update(chunk)
+                if first:
+                    first = False
+                    if chunk.startswith(_BOM):
+                        counts["utf8_bom_files"] = counts.get("utf8_bom_files", 0) + 1
+                        chunk = chunk[len(_BOM):]
+                cut = chunk.rfind(b"\n") + 1
+                if cut == 0:
+                    pending += chunk
+                    continue
+                block = bytes(pending) + chunk[:cut] if pending else chunk[:cut]
+                pending = bytearray(chunk[cut:])
+                lines.extend(_decode_block(block, counts))
+    except (OSError, EOFError, lzma.LZMAError) as err:  # gzip.BadGzipFile is an OSError
+        raise XmcError(f"cannot read {file}: {err}; check the file, or re-download / decompress it by hand") from None
+    if pending:  # last line without a trailing newline
+        lines.extend(_decode_block(bytes(pending) + b"\n", counts))
+    return lines
+
+
+def read_texts(path: PathLike) -> list[str]:
+    """Documents of a text file, one per line: (N,) str. ``.xz/.gz/.bz2`` are decompressed by suffix."""
+    return _read_lines(path, {})
+
+
+def read_label_lines(path: PathLike) -> list[list[str]]:
+    """Labels of a label file, one whitespace-separated list per line: (N,) lists of str.
+
+    Labels are returned as written (duplicates included); ``load_dataset`` keeps each label once per document.
+    """
+    with _gc_paused():
+        return list(map(str.split, _read_lines(path, {})))
+
+
+def _label_matrix(rows: list[list[str]], vocab: dict[str, int], width: int) -> tuple[sp.csr_matrix, int]:
+    """0/1 matrix (len(rows), width) float32 from label-name lists, and how many rows had a repeated label."""
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    indices = np.fromiter(map(vocab.__getitem__, chain.from_iterable(rows)), dtype=np.int64, count=int(indptr[-1]))
+    matrix = sp.csr_matrix((np.ones(len(indices), dtype=np.float32), indices, indptr), shape=(len(rows), width))
+    matrix.sum_duplicates()  # also sorts indices; repeated labels become 2.0 until reset below
+    duplicate_rows = int(np.count_nonzero(np.diff(matrix.indptr) != lengths))
+    matrix.data[:] = 1.0
+    return matrix, duplicate_rows
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Millions of label lists would trigger repeated full garbage collections, none of which can free anything."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _count(counts: dict[str, int], key: str, n: int) -> None:
+    if n:
+        counts[key] = counts.get(key, 0) + n
+
+
+def _load(spec: DatasetSpec, folder: Traversable | Path) -> Dataset:
+    files, missing = _dataset_files(folder)
+    if missing:  # resolve_files checked; a folder can still change under us
+        raise _not_found(spec, str(folder), missing, "check the folder")
+    counts: dict[str, int] = {}
+    digests: list[str] = []
+
+    def read(role: str) -> list[str]:
+        digest = hashlib.sha256()
+        lines = _read_lines(files[role], counts, digest)
+        digests.append(f"{role} {digest.hexdigest()}\n")
+        return lines
+
+    split_data = {}
+    for split in ("train", "test"):
+        texts = read(f"{split}_texts")
+        label_lines = read(f"{split}_labels")
+        if len(texts) != len(label_lines):
+            raise XmcError(
+                f"{files[f'{split}_texts']} has {len(texts)} lines but {files[f'{split}_labels']} has "
+                f"{len(label_lines)}; the files must be line-aligned (one document per line in both)"
+            )
+        _count(counts, "empty_texts", sum(1 for t in texts if not t or t.isspace()))
+        rows = list(map(str.split, label_lines))
+        del label_lines
+        _count(counts, f"empty_{split}_label_lines", sum(1 for r in rows if not r))
+        split_data[split] = (texts, rows)
+
+    train_texts, train_rows = split_data["train"]
+    test_texts, test_rows = split_data["test"]
+    if not train_texts:
+        raise XmcError(f"dataset '{spec.name}' has no training documents: {files['train_texts']} is empty; "
+                       f"fill it with one document per line")
+
+    train_vocab = sorted(set(chain.from_iterable(train_rows)))
+    test_only = sorted(set(chain.from_iterable(test_rows)).difference(train_vocab))
+    label_names = train_vocab + test_only
+    vocab = {name: i for i, name in enumerate(label_names)}
+    _count(counts, "unseen_test_labels", len(test_only))
+
+    train_labels, train_dups = _label_matrix(train_rows, vocab, len(label_names))
+    test_labels, test_dups = _label_matrix(test_rows, vocab, len(label_names))
+    _count(counts, "duplicate_label_lines", train_dups + test_dups)
+
+    return Dataset(
+        name=spec.name,
+        version=hashlib.sha256("".join(digests).encode()).hexdigest()[:16],
+        label_names=label_names,
+        num_labels=len(train_vocab),
+        train_texts=train_texts,
+        train_labels=train_labels,
+        test_texts=test_texts,
+        test_labels=test_labels,
+        feature_file=_feature_file(folder),
+        propensity_a=spec.propensity_a,
+        propensity_b=spec.propensity_b,
+        report=counts,
+    )
+
+
+def load_dataset(spec: DatasetSpec, data_dir: Path | None = None) -> Dataset:
+    """Read a registered dataset from its embedded copy or from ``data_dir / spec.dirname``."""
+    folder = resolve_files(spec, data_dir)
+    with _gc_paused():
+        return _load(spec, folder)
+
+
+def load_dataset_from_path(path: Path) -> Dataset:
+    """Read a user folder in the same layout; the dataset is named after the folder."""
+    path = Path(os.path.expanduser(str(path)))
+    spec = DatasetSpec(name=path.name, description=f"user dataset at {path}", dirname=path.name)
+    if not path.is_dir():
+        raise _not_found(spec, f"{path}, which is not a folder", None,
+                         "pass the folder that holds these files")
+    _, missing = _dataset_files(path)
+    if missing:
+        raise _not_found(spec, str(path), missing, "add the missing files (plain or .xz/.gz/.bz2)")
+    with _gc_paused():
+        return _load(spec, path)
