@@ -1,0 +1,302 @@
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from xmcbench.errors import XmcError
+from xmcbench.metrics import evaluate, format_metrics, propensity_scores, top_k
+
+
+def csr(rows: list[list[int]], num_labels: int, values: list[list[float]] | None = None) -> scipy.sparse.csr_matrix:
+    r = [i for i, labels in enumerate(rows) for _ in labels]
+    c = [label for labels in rows for label in labels]
+    v = [x for vals in values for x in vals] if values else [1.0] * len(c)
+    return scipy.sparse.csr_matrix((v, (r, c)), shape=(len(rows), num_labels))
+
+
+# Shared hand example: 6 label columns, labels 0..4 predictable, label 5 unseen in training.
+#   doc0 truth {0, 2}, predicted [2, 1, 0]  -> hits [1, 0, 1]
+#   doc1 truth {1, 5}, predicted [1, -1, 3] -> hits [1, 0, 0]  (5 can never be predicted)
+#   doc2 truth {},     predicted [0, 1, 2]  -> hits [0, 0, 0]
+TRUTH = csr([[0, 2], [1, 5], []], 6)
+PREDICTED = np.array([[2, 1, 0], [1, -1, 3], [0, 1, 2]])
+INV_PROP = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])  # label l weighs l + 1
+L3 = math.log2(3)  # log2(1 + 2): the rank-2 discount
+
+
+def test_precision_hand_example():
+    m = evaluate(PREDICTED, TRUTH, ks=(1, 3))
+    # P@1 = (1 + 1 + 0) / 3 docs; P@3 = (2/3 + 1/3 + 0) / 3
+    assert m["P@1"] == pytest.approx(100 * 2 / 3)
+    assert m["P@3"] == pytest.approx(100 * 1 / 3)
+
+
+def test_ndcg_hand_example():
+    m = evaluate(PREDICTED, TRUTH, ks=(1, 3))
+    # nDCG@1: doc0 1/1, doc1 1/1, doc2 0 (no labels, still in the mean)   -> 2/3
+    assert m["nDCG@1"] == pytest.approx(100 * 2 / 3)
+    # nDCG@3: doc0 DCG = 1 + 1/log2(4) = 1.5, IDCG = 1 + 1/log2(3)
+    #         doc1 DCG = 1, IDCG = 1 + 1/log2(3) (the unseen label 5 is in the denominator)
+    idcg2 = 1 + 1 / L3
+    assert m["nDCG@3"] == pytest.approx(100 * (1.5 / idcg2 + 1 / idcg2 + 0) / 3)
+
+
+def test_recall_hand_example_skips_docs_without_labels():
+    m = evaluate(PREDICTED, TRUTH, ks=(1, 3))
+    # R@1: doc0 1/2, doc1 1/2, doc2 skipped -> 1/2; R@3: doc0 2/2, doc1 1/2 -> 3/4
+    assert m["R@1"] == pytest.approx(50.0)
+    assert m["R@3"] == pytest.approx(75.0)
+
+
+def test_psp_hand_example():
+    m = evaluate(PREDICTED, TRUTH, ks=(1, 3), inv_propensity=INV_PROP)
+    # PSP@1: hits weigh doc0 w2=3, doc1 w1=2 -> 5; ideal: doc0 max(1, 3)=3, doc1 max(2, 6)=6 -> 9
+    assert m["PSP@1"] == pytest.approx(100 * 5 / 9)
+    # PSP@3: hits (3 + 1) + 2 = 6; ideal (3 + 1) + (6 + 2) = 12
+    assert m["PSP@3"] == pytest.approx(50.0)
+    # PSnDCG@1: same as PSP@1 (one slot, unit IDCG)
+    assert m["PSnDCG@1"] == pytest.approx(100 * 5 / 9)
+    # PSnDCG@3: doc0 (3 + 1/log2(4)) / idcg2, doc1 2 / idcg2;
+    #           ideal doc0 (3 + 1/log2(3)) / idcg2, doc1 (6 + 2/log2(3)) / idcg2; idcg2 cancels
+    assert m["PSnDCG@3"] == pytest.approx(100 * (3.5 + 2) / ((3 + 1 / L3) + (6 + 2 / L3)))
+
+
+def test_coverage_hand_example():
+    recalled = csr([[0, 2], [1], []], 6)
+    m = evaluate(PREDICTED, TRUTH, ks=(1,), recalled_truth=recalled)
+    # 3 of the 4 test positives ({0, 2} and {1, 5}) were inside the shortlist
+    assert m["coverage"] == pytest.approx(75.0)
+    assert "coverage" not in evaluate(PREDICTED, TRUTH, ks=(1,))
+    assert "PSP@1" not in evaluate(PREDICTED, TRUTH, ks=(1,))
+
+
+def test_keys_and_order():
+    m = evaluate(PREDICTED, TRUTH, ks=(3, 1), inv_propensity=INV_PROP, recalled_truth=TRUTH)
+    assert list(m) == [
+        "P@1", "P@3", "nDCG@1", "nDCG@3", "PSP@1", "PSP@3", "PSnDCG@1", "PSnDCG@3", "R@1", "R@3", "coverage",
+    ]
+    assert all(isinstance(v, float) for v in m.values())
+
+
+def test_truth_values_are_binarised_and_input_untouched():
+    weighted = csr([[0, 2], [1, 5], []], 6, values=[[3.0, 0.5], [7.0, 2.0], []])
+    before = weighted.copy()
+    assert evaluate(PREDICTED, weighted, ks=(1, 3)) == pytest.approx(evaluate(PREDICTED, TRUTH, ks=(1, 3)))
+    assert (weighted != before).nnz == 0
+
+
+def test_all_empty_slots_score_zero():
+    m = evaluate(np.full((3, 3), -1), TRUTH, ks=(1, 3), inv_propensity=INV_PROP)
+    assert all(v == 0.0 for v in m.values())
+
+
+def test_empty_slot_is_a_miss_not_a_hit():
+    # key of (row 1, id -1) equals key of (row 0, last column): must not be read as doc0's label 2
+    truth = csr([[2], [0]], 3)
+    m = evaluate(np.array([[2], [-1]]), truth, ks=(1,))
+    assert m["P@1"] == pytest.approx(50.0)
+
+
+def test_unseen_label_columns_lower_recall_and_ndcg_not_precision():
+    seen = csr([[0, 1]], 4)
+    with_unseen = csr([[0, 1, 3]], 4)  # column 3: test label never seen in training
+    pred = np.array([[0, 1]])
+    a, b = evaluate(pred, seen, ks=(2,)), evaluate(pred, with_unseen, ks=(2,))
+    assert a["P@2"] == b["P@2"] == 100.0
+    # R@2: 2/2 vs 2/3; nDCG@2: the IDCG is the same (min(2, n_rel) = 2) so it stays 100
+    assert a["R@2"] == pytest.approx(100.0) and b["R@2"] == pytest.approx(100 * 2 / 3)
+    # at k = 3 the third (unpredictable) label enters the IDCG: (1 + 1/log2(3)) / (1 + 1/log2(3) + 1/2)
+    pred3 = np.array([[0, 1, 2]])
+    assert evaluate(pred3, seen, ks=(3,))["nDCG@3"] == pytest.approx(100.0)
+    assert evaluate(pred3, with_unseen, ks=(3,))["nDCG@3"] == pytest.approx(100 * (1 + 1 / L3) / (1 + 1 / L3 + 0.5))
+
+
+def test_docs_without_labels():
+    truth = csr([[], []], 3)
+    m = evaluate(np.array([[0, 1], [2, -1]]), truth, ks=(1, 2), inv_propensity=np.ones(3), recalled_truth=truth)
+    assert all(v == 0.0 for v in m.values())
+    # one labelled doc of two: nDCG averages over both docs, recall over the labelled one
+    m = evaluate(np.array([[0], [1]]), csr([[0], []], 3), ks=(1,))
+    assert m["nDCG@1"] == pytest.approx(50.0)
+    assert m["R@1"] == pytest.approx(100.0)
+
+
+def test_psp_is_100_for_the_ideal_ranking():
+    rng = np.random.default_rng(0)
+    num_labels = 12
+    inv = rng.uniform(1, 5, num_labels)
+    rows = [list(rng.choice(num_labels, size=rng.integers(1, 6), replace=False)) for _ in range(20)]
+    predicted = np.full((20, 5), -1)
+    for i, labels in enumerate(rows):
+        best = sorted(labels, key=lambda l: -inv[l])
+        predicted[i, : len(best)] = best
+    m = evaluate(predicted, csr(rows, num_labels), ks=(1, 3, 5), inv_propensity=inv)
+    for k in (1, 3, 5):
+        assert m[f"PSP@{k}"] == pytest.approx(100.0)
+        assert m[f"PSnDCG@{k}"] == pytest.approx(100.0)
+        assert m[f"nDCG@{k}"] == pytest.approx(100.0)
+
+
+def test_propensity_formula_hand_value():
+    # N = 100, A = 0.55, B = 1.5, N_l = 10:
+    #   C = (ln 100 - 1) * 2.5^0.55 = 3.605170 * 1.655263 = 5.967505
+    #   exp(-0.55 * ln 11.5) = 11.5^-0.55 = 0.260985
+    #   p = 1 / (1 + 5.967505 * 0.260985) = 1 / 2.557432 = 0.391017
+    p = propensity_scores(np.array([10, 0, 1000]), 100)
+    assert p.dtype == np.float64 and p.shape == (3,)
+    assert p[0] == pytest.approx(0.391017, abs=1e-6)
+    # frequent labels are more likely to be observed; unseen labels still get a finite weight
+    assert 0 < p[1] < p[0] < p[2] < 1
+
+
+def test_propensity_errors():
+    with pytest.raises(XmcError):
+        propensity_scores(np.array([1, 2]), 2)
+    with pytest.raises(XmcError):
+        propensity_scores(np.array([1, -1]), 100)
+    with pytest.raises(XmcError):
+        propensity_scores(np.array([[1, 2]]), 100)
+    with pytest.raises(XmcError):
+        propensity_scores(np.array([0, 2]), 100, b=0.0)
+
+
+def test_top_k_order_and_ties():
+    scores = np.array([[0.1, 0.9, 0.5, 0.9, 0.0], [1.0, 1.0, 1.0, 1.0, 1.0], [-np.inf, 3.0, 2.0, 2.0, 2.0]])
+    assert top_k(scores, 3).tolist() == [[1, 3, 2], [0, 1, 2], [1, 2, 3]]
+    assert top_k(scores, 5).tolist() == [[1, 3, 2, 0, 4], [0, 1, 2, 3, 4], [1, 2, 3, 4, 0]]
+    assert top_k(np.array([[3, 1, 3]], dtype=np.uint8), 2).tolist() == [[0, 2]]
+    assert top_k(np.zeros((0, 4)), 2).shape == (0, 2)
+
+
+def test_top_k_matches_stable_argsort():
+    rng = np.random.default_rng(1)
+    scores = rng.integers(0, 4, size=(50, 30)).astype(np.float32)  # many ties
+    for k in (1, 5, 30):
+        assert np.array_equal(top_k(scores, k), np.argsort(-scores, axis=1, kind="stable")[:, :k])
+
+
+def test_top_k_errors():
+    with pytest.raises(XmcError):
+        top_k(np.zeros((2, 3)), 4)
+    with pytest.raises(XmcError):
+        top_k(np.zeros((2, 3)), 0)
+    with pytest.raises(XmcError):
+        top_k(np.zeros(3), 1)
+    with pytest.raises(XmcError):
+        top_k(np.array([[0.0, np.nan]]), 1)
+
+
+def test_evaluate_errors():
+    with pytest.raises(XmcError, match="cannot evaluate an empty test set"):
+        evaluate(np.zeros((0, 5), dtype=int), scipy.sparse.csr_matrix((0, 4)))
+    with pytest.raises(XmcError, match=r"\(2, 3\).*\(3, 6\)"):
+        evaluate(np.zeros((2, 3), dtype=int), TRUTH, ks=(1,))
+    with pytest.raises(XmcError, match="top 5"):
+        evaluate(PREDICTED, TRUTH)  # K = 3 < max(ks) = 5
+    with pytest.raises(XmcError):
+        evaluate(np.array([[6], [0], [0]]), TRUTH, ks=(1,))  # id beyond the truth columns
+    with pytest.raises(XmcError):
+        evaluate(np.array([[-2], [0], [0]]), TRUTH, ks=(1,))
+    with pytest.raises(XmcError):
+        evaluate(PREDICTED.astype(float), TRUTH, ks=(1,))
+    with pytest.raises(XmcError):
+        evaluate(PREDICTED, TRUTH.toarray(), ks=(1,))
+    with pytest.raises(XmcError):
+        evaluate(PREDICTED, TRUTH, ks=())
+    with pytest.raises(XmcError):
+        evaluate(PREDICTED, TRUTH, ks=(0, 1))
+    with pytest.raises(XmcError):
+        evaluate(PREDICTED, TRUTH, ks=(1,), inv_propensity=np.ones(5))
+    with pytest.raises(XmcError):
+        evaluate(PREDICTED, TRUTH, ks=(1,), recalled_truth=csr([[0]], 6))
+
+
+def test_format_metrics():
+    m = {"R@1": 1.0, "coverage": 99.5, "P@3": 55.1, "nDCG@3": 60.0, "P@1": 82.314, "P@10": 20.0, "PSP@1": 7.0}
+    assert format_metrics(m) == "P@1 82.31  P@3 55.10  P@10 20.00  nDCG@3 60.00  PSP@1 7.00  R@1 1.00  coverage 99.50"
+    assert format_metrics({}) == ""
+
+
+# ---------------------------------------------------------------- property tests against brute force
+
+
+def brute_force(predicted, truth_sets, ks, inv):
+    """Pure-Python reference straight from the definitions."""
+    n = len(truth_sets)
+    out = {}
+    for k in ks:
+        p = ndcg = psp_num = psp_den = psn_num = psn_den = 0.0
+        recalls = []
+        for row, rel in zip(predicted, truth_sets):
+            top = list(row[:k])
+            hit = [1 if (l >= 0 and l in rel) else 0 for l in top]
+            p += sum(hit) / k
+            idcg = sum(1 / math.log2(r + 2) for r in range(min(k, len(rel))))
+            dcg = sum(h / math.log2(r + 2) for r, h in enumerate(hit))
+            ndcg += dcg / idcg if idcg else 0.0
+            if rel:
+                recalls.append(sum(hit) / len(rel))
+            gains = [inv[l] if h else 0.0 for l, h in zip(top, hit)]
+            ideal = sorted((inv[l] for l in rel), reverse=True)[:k]
+            psp_num += sum(gains) / k
+            psp_den += sum(ideal) / k
+            if idcg:
+                psn_num += sum(g / math.log2(r + 2) for r, g in enumerate(gains)) / idcg
+                psn_den += sum(g / math.log2(r + 2) for r, g in enumerate(ideal)) / idcg
+        out[f"P@{k}"] = 100 * p / n
+        out[f"nDCG@{k}"] = 100 * ndcg / n
+        out[f"PSP@{k}"] = 100 * psp_num / psp_den if psp_den else 0.0
+        out[f"PSnDCG@{k}"] = 100 * psn_num / psn_den if psn_den else 0.0
+        out[f"R@{k}"] = 100 * sum(recalls) / len(recalls) if recalls else 0.0
+    return out
+
+
+@st.composite
+def problems(draw):
+    num_labels = draw(st.integers(1, 8))
+    num_predictable = draw(st.integers(1, num_labels))  # columns >= this are unseen-in-training labels
+    num_docs = draw(st.integers(1, 6))
+    ks = sorted(draw(st.sets(st.integers(1, 4), min_size=1, max_size=3)))
+    width = draw(st.integers(max(ks), max(ks) + 2))
+    truth_sets = [draw(st.sets(st.integers(0, num_labels - 1), max_size=num_labels)) for _ in range(num_docs)]
+    predicted = []
+    for _ in range(num_docs):
+        row = draw(st.lists(st.integers(-1, num_predictable - 1), min_size=width, max_size=width))
+        seen = set()
+        # a ranking names each label once; repeats become empty slots
+        predicted.append([-1 if (l in seen or seen.add(l)) else l for l in row])
+    inv = draw(st.lists(st.floats(1.0, 10.0), min_size=num_labels, max_size=num_labels))
+    values = [[draw(st.sampled_from([1.0, 0.5, 3.0])) for _ in s] for s in truth_sets]
+    return num_labels, ks, truth_sets, np.array(predicted, dtype=np.int64), np.array(inv), values
+
+
+@settings(max_examples=50, deadline=None)
+@given(problems())
+def test_evaluate_matches_brute_force(problem):
+    num_labels, ks, truth_sets, predicted, inv, values = problem
+    truth = csr([sorted(s) for s in truth_sets], num_labels, values=values)
+    got = evaluate(predicted, truth, ks=ks, inv_propensity=inv)
+    want = brute_force(predicted.tolist(), truth_sets, ks, inv.tolist())
+    assert got.keys() == want.keys()
+    for key in want:
+        assert got[key] == pytest.approx(want[key], abs=1e-9), key
+        assert 0.0 <= got[key] <= 100.0 + 1e-9, key
+
+
+@settings(max_examples=50, deadline=None)
+@given(problems(), st.randoms(use_true_random=False))
+def test_evaluate_invariant_to_label_renaming(problem, rnd):
+    num_labels, ks, truth_sets, predicted, inv, _ = problem
+    perm = list(range(num_labels))
+    rnd.shuffle(perm)
+    perm = np.array(perm)
+    renamed_pred = np.where(predicted >= 0, perm[np.maximum(predicted, 0)], -1)
+    renamed_truth = csr([[int(perm[l]) for l in s] for s in truth_sets], num_labels)
+    renamed_inv = np.empty_like(inv)
+    renamed_inv[perm] = inv
+    a = evaluate(predicted, csr([sorted(s) for s in truth_sets], num_labels), ks=ks, inv_propensity=inv)
+    b = evaluate(renamed_pred, renamed_truth, ks=ks, inv_propensity=renamed_inv)
+    assert a == pytest.approx(b, abs=1e-9)

@@ -1,0 +1,251 @@
+"""Ranking metrics for extreme multi-label classification: P@k, nDCG@k, PSP@k, PSnDCG@k, R@k, coverage.
+
+Definitions follow pyxclib and the Extreme Classification Repository, so numbers are comparable with
+published tables. Everything works on a (N, K) array of predicted label ids and a sparse (N, L) truth
+matrix; nothing dense of shape (N, L) is ever built, so N = 1e5 documents and L = 5e5 labels are fine.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import numpy as np
+import scipy.sparse
+
+from xmcbench.errors import XmcError
+
+__all__ = ["propensity_scores", "top_k", "evaluate", "format_metrics"]
+
+
+def propensity_scores(label_counts: np.ndarray, num_train_docs: int, a: float = 0.55, b: float = 1.5) -> np.ndarray:
+    """Jain et al. (2016) propensity p_l = 1 / (1 + C * exp(-A * log(N_l + B))), C = (log N - 1) * (B + 1) ** A.
+
+    label_counts: (L,) training documents per label (0 allowed, e.g. test labels unseen in training).
+    num_train_docs: N, the number of training documents.
+    Returns (L,) float64 propensities in (0, 1); the PSP weights are their inverses, 1 / p.
+    Typical (a, b): (0.55, 1.5) in general, (0.5, 0.4) for Wikipedia, (0.6, 2.6) for Amazon datasets.
+    """
+    counts = np.asarray(label_counts)
+    if counts.ndim != 1:
+        raise XmcError(f"label_counts must be a 1-D (L,) array, got shape {counts.shape}")
+    counts = counts.astype(np.float64)
+    if not np.all(np.isfinite(counts)) or np.any(counts < 0):
+        raise XmcError("label_counts must be finite and non-negative")
+    # log N - 1 must be positive or C flips sign and the "propensities" leave (0, 1).
+    if num_train_docs < 3:
+        raise XmcError(f"num_train_docs must be at least 3 for the propensity model, got {num_train_docs}")
+    if b <= 0:
+        raise XmcError(f"propensity parameter b must be positive (labels with 0 counts need log(0 + b)), got {b}")
+    c = (np.log(num_train_docs) - 1.0) * (b + 1.0) ** a
+    return 1.0 / (1.0 + c * np.power(counts + b, -a))
+
+
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """(N, L) dense scores -> (N, k) label ids sorted by descending score (ties: lower id first).
+
+    Cost is a partition plus a sort of the few candidates per row, not a full (N, L) sort.
+    """
+    scores = np.asarray(scores)
+    if scores.ndim != 2:
+        raise XmcError(f"scores must be a 2-D (N, L) array, got shape {scores.shape}")
+    num_docs, num_labels = scores.shape
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= num_labels:
+        raise XmcError(f"k must be an integer in [1, {num_labels}] (the number of labels), got {k!r}")
+    k = int(k)
+    if not np.issubdtype(scores.dtype, np.floating):
+        # Negating unsigned or bool scores below would wrap around or fail.
+        scores = scores.astype(np.float64)
+    if np.isnan(scores).any():
+        raise XmcError("scores contain NaN; a model produced invalid scores")
+    if num_docs == 0:
+        return np.empty((0, k), dtype=np.int64)
+
+    # argpartition alone would break ties at the k-th place arbitrarily, so take every label scoring at
+    # least the k-th largest value (>= k per row) and order those exactly by (-score, id).
+    kth_largest = np.partition(scores, num_labels - k, axis=1)[:, num_labels - k]  # (N,)
+    rows, cols = np.nonzero(scores >= kth_largest[:, None])
+    order = np.lexsort((cols, -scores[rows, cols], rows))
+    rows, cols = rows[order], cols[order]
+    per_row = np.bincount(rows, minlength=num_docs)
+    rank = np.arange(rows.size) - (np.cumsum(per_row) - per_row)[rows]
+    return cols[rank < k].reshape(num_docs, k).astype(np.int64, copy=False)
+
+
+def _check_ks(ks: Iterable[int]) -> list[int]:
+    try:
+        ks = list(ks)
+    except TypeError:
+        raise XmcError(f"ks must be a sequence of positive integers, got {ks!r}") from None
+    if not ks or any(isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1 for k in ks):
+        raise XmcError(f"ks must be a non-empty sequence of positive integers, got {ks!r}")
+    return sorted({int(k) for k in ks})
+
+
+def _binary_csr(matrix, name: str) -> scipy.sparse.csr_matrix:
+    """Canonical csr copy (sorted, no duplicates, no explicit zeros) with every stored value set to 1."""
+    if not scipy.sparse.issparse(matrix):
+        raise XmcError(f"{name} must be a scipy.sparse matrix, got {type(matrix).__name__}")
+    # Copy: sum_duplicates / eliminate_zeros work in place and the caller's matrix must stay untouched.
+    out = scipy.sparse.csr_matrix(matrix, copy=True)
+    out.sum_duplicates()
+    out.eliminate_zeros()
+    out.data = np.ones_like(out.data, dtype=np.float64)
+    return out
+
+
+def _gather_hits(predicted: np.ndarray, truth: scipy.sparse.csr_matrix) -> np.ndarray:
+    """(N, K) ids (-1 allowed) and canonical (N, L) csr -> (N, K) bool, True where the id is relevant."""
+    num_docs, num_labels = truth.shape
+    if truth.nnz == 0:
+        return np.zeros(predicted.shape, dtype=bool)
+    # A canonical csr lists (row, col) pairs in row-major order, so row * L + col is a sorted key array
+    # that one searchsorted can probe for all N * K predictions at once.
+    entry_rows = np.repeat(np.arange(num_docs, dtype=np.int64), np.diff(truth.indptr))
+    truth_keys = entry_rows * num_labels + truth.indices.astype(np.int64)
+    query = np.arange(num_docs, dtype=np.int64)[:, None] * num_labels + predicted
+    pos = np.minimum(np.searchsorted(truth_keys, query), truth_keys.size - 1)
+    # An id of -1 forms the key of (row - 1, L - 1), which may exist, so empty slots are masked explicitly.
+    return (predicted >= 0) & (truth_keys[pos] == query)
+
+
+def _ideal_gains(truth: scipy.sparse.csr_matrix, weights: np.ndarray, k_max: int) -> np.ndarray:
+    """(N, k_max): each doc's relevant-label weights sorted descending, zero padded (the ideal ranking)."""
+    num_docs = truth.shape[0]
+    entry_rows = np.repeat(np.arange(num_docs, dtype=np.int64), np.diff(truth.indptr))
+    entry_weights = weights[truth.indices]
+    order = np.lexsort((-entry_weights, entry_rows))
+    entry_rows, entry_weights = entry_rows[order], entry_weights[order]
+    rank = np.arange(entry_rows.size) - truth.indptr[entry_rows]
+    keep = rank < k_max
+    ideal = np.zeros((num_docs, k_max), dtype=np.float64)
+    ideal[entry_rows[keep], rank[keep]] = entry_weights[keep]
+    return ideal
+
+
+def _safe_ratio(numerator: float, denominator: float) -> float:
+    return float(100.0 * numerator / denominator) if denominator > 0 else 0.0
+
+
+def evaluate(
+    predicted: np.ndarray,
+    truth: scipy.sparse.csr_matrix,
+    ks=(1, 3, 5),
+    inv_propensity: np.ndarray | None = None,
+    recalled_truth: scipy.sparse.csr_matrix | None = None,
+) -> dict[str, float]:
+    """Score a top-K prediction against sparse ground truth; all values are percentages in [0, 100].
+
+    predicted: (N, K) int label ids, best first, K >= max(ks); -1 marks an empty slot (a miss). Ids
+        index the columns of truth. Rows should not repeat an id (that is the caller's business).
+    truth: (N, L_total) sparse, nonzero = relevant. L_total may exceed the largest predictable id: test
+        labels unseen in training live in extra columns, can never be hit, and so lower nDCG and recall.
+    ks: cut-offs k; each gives P@k, nDCG@k and R@k (plus PSP@k and PSnDCG@k when inv_propensity is given).
+    inv_propensity: (L_total,) weights 1 / p_l (see propensity_scores).
+    recalled_truth: (N, L_total) sparse marking the true labels that fell inside the recaller's
+        shortlist; adds coverage = 100 * recalled positives / test positives.
+
+    Definitions (as in pyxclib and the Extreme Classification Repository):
+    - P@k: mean over all N docs of hits in the top k / k.
+    - nDCG@k: DCG@k / IDCG@k with DCG@k = sum_{r<=k} rel_r / log2(r + 1) and IDCG@k the same for
+      min(k, n_relevant) hits. Docs with no relevant labels score 0 and still count in the mean over N.
+    - PSP@k: the normalised propensity-scored precision reported by the XC repository and pyxclib:
+      sum over docs of the inverse propensities of the top-k hits / k, divided by the same for the ideal
+      ranking (each doc's relevant labels by descending inverse propensity, best k).
+    - PSnDCG@k: normalised likewise (pyxclib): per doc, the propensity-weighted DCG@k divided by the
+      unit-gain IDCG@k; the mean of that over docs, divided by the same mean for the ideal ranking.
+    - R@k: hits in the top k / relevant labels of the doc, averaged over docs with >= 1 relevant label
+      (0.0 when no doc has any).
+    - coverage: 0.0 when truth holds no positives.
+    Returns a dict with keys 'P@k', 'nDCG@k', ['PSP@k', 'PSnDCG@k'], 'R@k', ['coverage'].
+    """
+    ks = _check_ks(ks)
+    truth = _binary_csr(truth, "truth")
+    predicted = np.asarray(predicted)
+    if predicted.ndim != 2:
+        raise XmcError(f"predicted must be a 2-D (N, K) array of label ids, got shape {predicted.shape}")
+    if predicted.shape[0] != truth.shape[0]:
+        raise XmcError(f"predicted has shape {predicted.shape} but truth has shape {truth.shape}: row counts differ")
+    num_docs, num_labels = truth.shape
+    if num_docs == 0:
+        raise XmcError("cannot evaluate an empty test set")
+    if not np.issubdtype(predicted.dtype, np.integer):
+        raise XmcError(f"predicted must hold integer label ids, got dtype {predicted.dtype}")
+    k_max = ks[-1]
+    if predicted.shape[1] < k_max:
+        raise XmcError(f"predicted has {predicted.shape[1]} columns but ks asks for the top {k_max}")
+    predicted = predicted[:, :k_max].astype(np.int64, copy=False)
+    low, high = int(predicted.min()), int(predicted.max())
+    if low < -1 or high >= num_labels:
+        raise XmcError(f"predicted label ids must lie in [-1, {num_labels - 1}] (truth columns), got {low}..{high}")
+
+    hits = _gather_hits(predicted, truth)  # (N, k_max)
+    num_relevant = np.diff(truth.indptr)  # (N,)
+    discounts = 1.0 / np.log2(np.arange(2, k_max + 2))  # (k_max,)
+    # unit_idcg[j] = IDCG of a doc with j relevant labels at a cut-off >= j
+    unit_idcg = np.concatenate(([0.0], np.cumsum(discounts)))  # (k_max + 1,)
+    hits_at = np.cumsum(hits, axis=1)  # (N, k_max): hits in the top 1..k_max
+    dcg_at = np.cumsum(hits * discounts, axis=1)
+    has_labels = num_relevant > 0
+
+    def idcg(k: int) -> np.ndarray:
+        return unit_idcg[np.minimum(num_relevant, k)]  # (N,)
+
+    def per_doc_ndcg(dcg: np.ndarray, k: int) -> np.ndarray:
+        norm = idcg(k)
+        return np.divide(dcg, norm, out=np.zeros(num_docs), where=norm > 0)
+
+    metrics: dict[str, float] = {}
+    for k in ks:
+        metrics[f"P@{k}"] = float(100.0 * np.mean(hits_at[:, k - 1] / k))
+    for k in ks:
+        metrics[f"nDCG@{k}"] = float(100.0 * np.mean(per_doc_ndcg(dcg_at[:, k - 1], k)))
+
+    if inv_propensity is not None:
+        weights = np.asarray(inv_propensity, dtype=np.float64)
+        if weights.shape != (num_labels,):
+            raise XmcError(f"inv_propensity has shape {weights.shape} but truth has {num_labels} columns; expected ({num_labels},)")
+        if not np.all(np.isfinite(weights)) or np.any(weights < 0):
+            raise XmcError("inv_propensity must be finite and non-negative")
+        gains = np.where(hits, weights[np.maximum(predicted, 0)], 0.0)  # (N, k_max)
+        ideal = _ideal_gains(truth, weights, k_max)
+        gain_at, ideal_at = np.cumsum(gains, axis=1), np.cumsum(ideal, axis=1)
+        psdcg_at = np.cumsum(gains * discounts, axis=1)
+        ideal_psdcg_at = np.cumsum(ideal * discounts, axis=1)
+        for k in ks:
+            # The 1/k and 1/N of the pyxclib form cancel in the ratio; kept for a one-to-one reading.
+            metrics[f"PSP@{k}"] = _safe_ratio(np.mean(gain_at[:, k - 1] / k), np.mean(ideal_at[:, k - 1] / k))
+        for k in ks:
+            metrics[f"PSnDCG@{k}"] = _safe_ratio(
+                np.mean(per_doc_ndcg(psdcg_at[:, k - 1], k)), np.mean(per_doc_ndcg(ideal_psdcg_at[:, k - 1], k))
+            )
+
+    for k in ks:
+        recall = hits_at[has_labels, k - 1] / num_relevant[has_labels]
+        metrics[f"R@{k}"] = float(100.0 * np.mean(recall)) if recall.size else 0.0
+
+    if recalled_truth is not None:
+        recalled = _binary_csr(recalled_truth, "recalled_truth")
+        if recalled.shape != truth.shape:
+            raise XmcError(f"recalled_truth has shape {recalled.shape} but truth has shape {truth.shape}")
+        metrics["coverage"] = _safe_ratio(recalled.nnz, truth.nnz)
+    return metrics
+
+
+_FAMILIES = ("P", "nDCG", "PSP", "PSnDCG", "R")
+_AT_K = re.compile(r"^(\w+)@(\d+)$")
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    """One-line human summary, e.g. 'P@1 82.31  P@3 55.10  P@5 40.02  nDCG@3 ...', in a fixed order, only keys present.
+
+    Order: P, nDCG, PSP, PSnDCG, R (each by ascending k), then coverage, then any other keys by name.
+    """
+
+    def order(name: str) -> tuple:
+        match = _AT_K.match(name)
+        if match and match.group(1) in _FAMILIES:
+            return (0, _FAMILIES.index(match.group(1)), int(match.group(2)), name)
+        return (1 if name == "coverage" else 2, 0, 0, name)
+
+    return "  ".join(f"{name} {metrics[name]:.2f}" for name in sorted(metrics, key=order))
