@@ -1,0 +1,222 @@
+"""Tests for xmcbench.clustering: features, label representations, balanced label clustering."""
+
+import bz2
+import gzip
+import lzma
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from xmcbench.clustering import (
+    balanced_clusters,
+    cluster_members,
+    label_features,
+    num_clusters_for,
+    read_sparse_features,
+    tfidf_features,
+)
+from xmcbench.errors import XmcError
+
+
+def random_label_feats(num_labels: int, num_features: int = 30, seed: int = 0) -> sp.csr_matrix:
+    """(L, F) random sparse non-negative label features."""
+    return sp.random(num_labels, num_features, density=0.3, format="csr", dtype=np.float32, random_state=seed)
+
+
+# ---------------------------------------------------------------- num_clusters_for / cluster_members
+
+
+@pytest.mark.parametrize(
+    "num_labels, cluster_size, expected",
+    [
+        (501008, 62, 8192),
+        (20, 1, 20),
+        (10, 16, 1),
+        (16, 16, 1),
+        (17, 16, 2),
+        (100, 10, 16),  # ceil(100/8) = 13 > 10, ceil(100/16) = 7 <= 10
+        (3, 2, 2),
+    ],
+)
+def test_num_clusters_for(num_labels, cluster_size, expected):
+    assert num_clusters_for(num_labels, cluster_size) == expected
+
+
+def test_num_clusters_for_rejects_bad_size():
+    with pytest.raises(XmcError, match="cluster_size"):
+        num_clusters_for(10, 0)
+
+
+def test_cluster_members_inverse():
+    l2c = np.array([2, 0, 2, 1, 0, 2])
+    members = cluster_members(l2c, 4)
+    assert len(members) == 4
+    assert [m.tolist() for m in members] == [[1, 4], [3], [0, 2, 5], []]
+
+
+# ---------------------------------------------------------------- balanced_clusters
+
+
+@pytest.mark.parametrize("num_labels, cluster_size", [(7, 2), (33, 4), (50, 8), (101, 10), (64, 8), (13, 3)])
+def test_balance_bounds(num_labels, cluster_size):
+    k = num_clusters_for(num_labels, cluster_size)
+    l2c = balanced_clusters(random_label_feats(num_labels), k, seed=1)
+    assert l2c.shape == (num_labels,) and l2c.dtype == np.int64
+    sizes = np.bincount(l2c, minlength=k)
+    assert len(sizes) == k
+    assert set(sizes.tolist()) <= {num_labels // k, -(-num_labels // k)}
+    assert sizes.max() <= cluster_size
+    if k > 1:
+        assert sizes.min() >= cluster_size // 2
+
+
+def test_single_cluster_and_zero_rows():
+    feats = sp.csr_matrix((9, 5), dtype=np.float32)  # labels with no features at all
+    assert balanced_clusters(feats, 1).tolist() == [0] * 9
+    sizes = np.bincount(balanced_clusters(feats, 4), minlength=4)
+    assert sorted(sizes.tolist()) == [2, 2, 2, 3]
+
+
+def test_determinism_and_seed_dependence():
+    feats = random_label_feats(40, seed=3)
+    a = balanced_clusters(feats, 8, seed=5)
+    b = balanced_clusters(feats, 8, seed=5)
+    np.testing.assert_array_equal(a, b)
+    others = [balanced_clusters(feats, 8, seed=s) for s in range(6, 10)]
+    assert any(not np.array_equal(a, o) for o in others)
+
+
+@pytest.mark.parametrize("num_groups", [2, 4])
+def test_separated_groups_split_apart(num_groups):
+    # 30 labels per group: with very small groups, balanced 2-means (like AttentionXML's) can, for an unlucky
+    # seed pair from the same group, settle in a mixed local optimum (~4% of seeds at 10 labels per group).
+    per_group, width = 30, 5
+    rng = np.random.default_rng(0)
+    dense = np.zeros((num_groups * per_group, num_groups * width), dtype=np.float32)
+    for g in range(num_groups):  # group g only uses features [g*width, (g+1)*width)
+        dense[g * per_group : (g + 1) * per_group, g * width : (g + 1) * width] = rng.random((per_group, width)) + 0.1
+    perm = rng.permutation(len(dense))  # shuffled so row order cannot give the answer away
+    group = perm // per_group
+    for seed in range(3):
+        l2c = balanced_clusters(sp.csr_matrix(dense[perm]), num_groups, seed=seed)
+        cluster_of_group = [set(l2c[group == g].tolist()) for g in range(num_groups)]
+        assert all(len(c) == 1 for c in cluster_of_group)
+        assert len(set.union(*cluster_of_group)) == num_groups
+
+
+def test_bad_num_clusters():
+    feats = random_label_feats(20)
+    with pytest.raises(XmcError, match="power of two; use 8 or 16"):
+        balanced_clusters(feats, 12)
+    with pytest.raises(XmcError, match="larger than the number of labels"):
+        balanced_clusters(feats, 32)
+
+
+# ---------------------------------------------------------------- label_features / tfidf_features
+
+
+def test_label_features_hand_computed():
+    docs = sp.csr_matrix(np.array([[1.0, 0.0, 0.0], [0.0, 3.0, 4.0], [0.0, 1.0, 0.0]], dtype=np.float32))
+    labels = sp.csr_matrix(np.array([[1, 1, 0], [1, 0, 0], [0, 1, 0]], dtype=np.float32))
+    out = label_features(docs, labels)
+    assert out.shape == (3, 3) and out.dtype == np.float32 and sp.isspmatrix_csr(out)
+    # label 0: docs 0+1 = [1,3,4] / sqrt(26); label 1: docs 0+2 = [1,1,0] / sqrt(2); label 2: no document
+    expected = np.array(
+        [[1, 3, 4] / np.sqrt(26), [1, 1, 0] / np.sqrt(2), [0, 0, 0]],
+        dtype=np.float32,
+    )
+    np.testing.assert_allclose(out.toarray(), expected, rtol=1e-6)
+
+
+def test_tfidf_features():
+    texts = ["The cat sat", "the dog sat down", "a CAT and a dog", "birds"]
+    x = tfidf_features(texts)
+    assert sp.isspmatrix_csr(x) and x.dtype == np.float32
+    assert x.shape[0] == 4
+    np.testing.assert_allclose(np.sqrt(np.asarray(x.multiply(x).sum(axis=1))).ravel(), 1.0, rtol=1e-6)
+    assert tfidf_features(texts, max_features=3).shape == (4, 3)
+
+
+def test_tfidf_empty_vocabulary():
+    with pytest.raises(XmcError, match="no terms"):
+        tfidf_features(["", "  "])
+
+
+# ---------------------------------------------------------------- read_sparse_features
+
+XC_TEXT = "3 4 5\n0,2 0:1.0 3:2.0\n 1:3\n4 2:0.5 3:0.5\n"  # second document has no labels
+XC_EXPECTED = np.array(
+    [[1, 0, 0, 2] / np.sqrt(5), [0, 1, 0, 0], [0, 0, 1, 1] / np.sqrt(2)],
+    dtype=np.float32,
+)
+
+
+def test_read_xc_format(tmp_path):
+    path = tmp_path / "train.txt"
+    path.write_text(XC_TEXT)
+    x = read_sparse_features(path, num_docs=3)
+    assert sp.isspmatrix_csr(x) and x.dtype == np.float32 and x.shape == (3, 4)
+    np.testing.assert_allclose(x.toarray(), XC_EXPECTED, rtol=1e-6)
+
+
+@pytest.mark.parametrize("suffix, opener", [(".gz", gzip.open), (".xz", lzma.open), (".bz2", bz2.open)])
+def test_read_compressed(tmp_path, suffix, opener):
+    path = tmp_path / ("train.txt" + suffix)
+    with opener(path, "wt") as fh:
+        fh.write(XC_TEXT)
+    np.testing.assert_allclose(read_sparse_features(path).toarray(), XC_EXPECTED, rtol=1e-6)
+
+
+def test_read_svmlight_format(tmp_path):
+    path = tmp_path / "train_v1.txt"
+    path.write_text("1,2 0:1 2:1\n3 1:2\n0 0:3 4:4\n")
+    x = read_sparse_features(path, num_docs=3)
+    assert x.shape == (3, 5) and x.dtype == np.float32
+    expected = np.array([[1, 0, 1, 0, 0] / np.sqrt(2), [0, 1, 0, 0, 0], [0.6, 0, 0, 0, 0.8]], dtype=np.float32)
+    np.testing.assert_allclose(x.toarray(), expected, rtol=1e-6)
+
+
+def test_read_svmlight_gz(tmp_path):
+    path = tmp_path / "train_v1.txt.gz"
+    with gzip.open(path, "wt") as fh:
+        fh.write("1 0:3 1:4\n2 2:1\n")
+    np.testing.assert_allclose(read_sparse_features(path).toarray(), [[0.6, 0.8, 0], [0, 0, 1]], rtol=1e-6)
+
+
+def test_header_row_count_mismatch(tmp_path):
+    path = tmp_path / "train.txt"
+    path.write_text("4 4 5\n0 0:1\n1 1:1\n")
+    with pytest.raises(XmcError, match=r"says 4 documents but the file has 2"):
+        read_sparse_features(path)
+
+
+def test_num_docs_mismatch(tmp_path):
+    path = tmp_path / "train_v1.txt"
+    path.write_text("1 0:1\n2 1:1\n")
+    with pytest.raises(XmcError, match=r"train_v1.txt: has 2 feature rows but 5 training documents"):
+        read_sparse_features(path, num_docs=5)
+
+
+@pytest.mark.parametrize(
+    "name, text, line, what",
+    [
+        ("train.txt", "2 4 3\n0 0:1\n1 1:x\n", 3, "malformed feature"),
+        ("train.txt", "2 4 3\n0 0:1\n1 7:1\n", 3, "out of range"),
+        ("train.txt", "2 4 3\na,b 0:1\n1 1:1\n", 2, "malformed label list"),
+        ("train_v1.txt", "1 0:1\n2 1:1\n3 oops\n", 3, "malformed feature"),
+        ("train_v1.txt", "1 0:1\n2 1:nan\n", 2, "not a finite number"),
+    ],
+)
+def test_malformed_line_names_file_and_line(tmp_path, name, text, line, what):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(XmcError, match=what) as info:
+        read_sparse_features(path)
+    assert f"{path}:{line}:" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(XmcError, match="not found"):
+        read_sparse_features(tmp_path / "nope.txt")
