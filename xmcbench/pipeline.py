@@ -1,0 +1,296 @@
+"""The one pipeline: step order, losses, final scores, device placement and mixed precision.
+
+Components only compute; this module decides when they run, on which device and in which precision.
+Training loss L = BCE(recall logits, cluster targets) + BCE(rank logits, candidate targets); gradients of
+both reach the encoder. Final score = sigmoid(recall logit of the label's cluster) * sigmoid(rank logit).
+With one label per cluster (flat) the recaller scores every label and there is no ranker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch import nn
+
+from xmcbench.candidates import expand_clusters
+from xmcbench.config import TrainConfig
+from xmcbench.errors import XmcError
+from xmcbench.interfaces import Encoder, LabelClusters, Ranker, Recaller, Sampler
+from xmcbench.progress import progress_bar
+from xmcbench.tokenization import TokenizedTexts
+
+
+class XMCModel(nn.Module):
+    """Encoder + recaller (+ ranker and sampler unless flat) + the label clusters as buffers."""
+
+    def __init__(self, encoder: Encoder, recaller: Recaller, ranker: Ranker | None, sampler: Sampler | None,
+                 clusters: LabelClusters) -> None:
+        super().__init__()
+        self.encoder, self.recaller, self.ranker, self.sampler = encoder, recaller, ranker, sampler
+        self.register_buffer("label_cluster", clusters.label_cluster.clone())
+        self.register_buffer("cluster_labels", clusters.cluster_labels.clone())
+        self.is_flat = clusters.is_flat
+        if not self.is_flat and (ranker is None or sampler is None):
+            raise XmcError("label clusters hold several labels each, so the method needs a ranker and a sampler")
+
+    @property
+    def clusters(self) -> LabelClusters:
+        return LabelClusters(self.label_cluster, self.cluster_labels)
+
+    def training_loss(self, input_ids, attention_mask, positives, doc_index) -> tuple[torch.Tensor, dict]:
+        """(B, T) ids and mask, positives (B, P) label ids padded with -1, doc_index (B,)
+        -> (scalar loss, {"recall": float, "rank": float})."""
+        representation = self.encoder(input_ids, attention_mask)              # (B, D)
+        recall_logits = self.recaller(representation)                        # (B, K)
+        valid = positives >= 0
+        rows = torch.arange(len(positives), device=positives.device).unsqueeze(1).expand_as(positives)
+        cluster_targets = torch.zeros(recall_logits.shape, device=recall_logits.device)
+        cluster_targets[rows[valid], self.label_cluster[positives[valid]]] = 1.0
+        recall_loss = self.recaller.loss(recall_logits, cluster_targets)
+        if self.is_flat:
+            return recall_loss, {"recall": recall_loss.detach()}
+        candidates = self.sampler(recall_logits.detach(), positives, self.clusters, doc_index)
+        rank_logits = self.ranker(representation, candidates.labels)          # (B, C)
+        rank_loss = nn.functional.binary_cross_entropy_with_logits(
+            rank_logits.float()[candidates.mask], candidates.targets[candidates.mask])
+        return recall_loss + rank_loss, {"recall": recall_loss.detach(), "rank": rank_loss.detach()}
+
+    @torch.no_grad()
+    def predict_top(self, input_ids, attention_mask, top_clusters: int, top_k: int):
+        """(B, T) ids and mask -> labels (B, k) long (-1 where a document has fewer than k candidates),
+        scores (B, k) float, recalled clusters (B, b) long (None when flat)."""
+        representation = self.encoder(input_ids, attention_mask)
+        recall_scores = torch.sigmoid(self.recaller(representation).float())  # (B, K)
+        if self.is_flat:
+            scores, labels = recall_scores.topk(min(top_k, recall_scores.shape[1]), dim=1)
+            return _pad_right(labels, scores, top_k), None
+        cluster_scores, recalled = recall_scores.topk(min(top_clusters, recall_scores.shape[1]), dim=1)
+        candidates = expand_clusters(recalled, torch.ones_like(recalled, dtype=torch.bool), self.clusters)
+        rank_scores = torch.sigmoid(self.ranker(representation, candidates.labels).float())   # (B, C)
+        scores = recall_scores.gather(1, candidates.clusters) * rank_scores
+        scores = torch.where(candidates.mask, scores, -1.0)
+        scores, slots = scores.topk(min(top_k, scores.shape[1]), dim=1)
+        labels = torch.where(scores >= 0, candidates.labels.gather(1, slots), -1)
+        return _pad_right(labels, scores, top_k), recalled
+
+
+def _pad_right(labels: torch.Tensor, scores: torch.Tensor, width: int):
+    missing = width - labels.shape[1]
+    if missing > 0:
+        labels = nn.functional.pad(labels, (0, missing), value=-1)
+        scores = nn.functional.pad(scores, (0, missing), value=-1.0)
+    return labels, scores
+
+
+# -- device, precision, randomness ------------------------------------------------------------------
+
+def pick_device(config: TrainConfig) -> torch.device:
+    if config.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(config.device)
+    except RuntimeError:
+        raise XmcError(f"device={config.device!r} is not a torch device; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise XmcError("device=cuda but torch sees no CUDA device; use --set device=cpu")
+    return device
+
+
+def set_threads(config: TrainConfig) -> int:
+    """Torch's CPU threads: config.threads, else one per core available to this process."""
+    threads = config.threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    return threads
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def autocast(device: torch.device, config: TrainConfig):
+    if device.type == "cuda" and config.amp:
+        return torch.autocast("cuda", dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+# -- batches ----------------------------------------------------------------------------------------
+
+def padded_positives(labels: sp.csr_matrix, rows: np.ndarray) -> torch.Tensor:
+    """Rows of a (N, L) 0/1 csr -> (B, P) long label ids padded with -1, P = most labels in the batch."""
+    block = labels[rows]
+    counts = np.diff(block.indptr)
+    positives = np.full((len(rows), max(int(counts.max(initial=0)), 1)), -1, dtype=np.int64)
+    slot = np.arange(block.nnz) - np.repeat(block.indptr[:-1], counts)
+    positives[np.repeat(np.arange(len(rows)), counts), slot] = block.indices
+    return torch.from_numpy(positives)
+
+
+def epoch_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator, bucketing: bool,
+                  bucket_batches: int = 50) -> list[np.ndarray]:
+    """A shuffled epoch. With bucketing, each window of `bucket_batches` batches is sorted by length before
+    it is cut, so a batch pads to a similar length; the batch order is then shuffled."""
+    order = rng.permutation(len(lengths))
+    if bucketing:
+        window = batch_size * bucket_batches
+        order = np.concatenate([chunk[np.argsort(lengths[chunk], kind="stable")]
+                                for chunk in np.array_split(order, max(1, -(-len(order) // window)))])
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    if bucketing:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+# -- training ---------------------------------------------------------------------------------------
+
+@dataclass
+class TrainingLog:
+    steps: list[dict] = field(default_factory=list)           # per step: step, epoch, loss, recall, rank
+    validation: list[dict] = field(default_factory=list)      # per epoch when a validation split exists
+    selected_epoch: int | None = None
+    swa_updates: int = 0
+
+
+def build_optimizers(model: XMCModel, config: TrainConfig) -> list[torch.optim.Optimizer]:
+    """AdamW with weight decay except on biases and LayerNorm; sparse embeddings get SparseAdam, which
+    updates only the rows a step touched (and so carries no weight decay)."""
+    sparse_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.sparse}
+    decay, no_decay, sparse = [], [], []
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        if id(parameter) in sparse_ids:
+            sparse.append(parameter)
+        elif parameter.ndim < 2 or "LayerNorm" in name or "layer_norm" in name or name.endswith(".bias"):
+            no_decay.append(parameter)
+        else:
+            decay.append(parameter)
+    optimizers: list[torch.optim.Optimizer] = [torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr)]
+    if sparse:
+        optimizers.append(torch.optim.SparseAdam(sparse, lr=config.lr))
+    return optimizers
+
+
+def train(model: XMCModel, tokens: TokenizedTexts, labels: sp.csr_matrix, config: TrainConfig,
+          device: torch.device, validate: Callable[[nn.Module], float] | None = None) -> tuple[nn.Module, TrainingLog]:
+    """Train in place for config.epochs; return the model to use (the SWA average once SWA has started,
+    or the best epoch under `validate` when given) and the log.
+
+    labels: (N, L) 0/1 csr of the training documents, rows aligned with `tokens`.
+    validate(model) -> a score to maximise; it is called on the model to use after each epoch and must
+    leave the model in training mode afterwards (this function restores it anyway)."""
+    model.to(device)
+    model.train()
+    optimizers = build_optimizers(model, config)
+    scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and config.amp)
+    swa_model = torch.optim.swa_utils.AveragedModel(model) if config.swa else None
+    rng = np.random.default_rng(config.seed)
+    log = TrainingLog()
+    best_score, best_state = -float("inf"), None
+    lengths = tokens.lengths
+    step = 0
+    for epoch in range(config.epochs):
+        batches = epoch_batches(lengths, config.batch_size, rng, config.length_bucketing)
+        with progress_bar(f"epoch {epoch + 1}/{config.epochs}", total=len(batches)) as advance:
+            for rows in batches:
+                input_ids, attention_mask = tokens.batch(rows)
+                positives = padded_positives(labels, rows)
+                with autocast(device, config):
+                    loss, parts = model.training_loss(input_ids.to(device), attention_mask.to(device),
+                                                      positives.to(device), torch.from_numpy(rows).to(device))
+                if not torch.isfinite(loss):
+                    raise XmcError(f"training diverged: the loss is {loss.item()} at step {step} (epoch {epoch + 1}); "
+                                   "lower lr or disable amp (--set amp=false)")
+                for optimizer in optimizers:
+                    optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                for optimizer in optimizers:
+                    scaler.step(optimizer)
+                scaler.update()
+                step += 1
+                record = {"step": step, "epoch": epoch + 1, "loss": loss.item(),
+                          **{name: value.item() for name, value in parts.items()}}
+                log.steps.append(record)
+                if swa_model is not None and epoch >= config.swa_start_epoch and step % config.swa_every_steps == 0:
+                    swa_model.update_parameters(model)
+                    log.swa_updates += 1
+                advance(1, loss=record["loss"])
+        if validate is not None:
+            candidate = _model_to_use(model, swa_model, log)
+            score = validate(candidate)
+            model.train()
+            log.validation.append({"epoch": epoch + 1, "score": score})
+            if score > best_score:
+                best_score, log.selected_epoch = score, epoch + 1
+                best_state = {k: v.detach().to("cpu", copy=True) for k, v in candidate.state_dict().items()}
+    final = _model_to_use(model, swa_model, log)
+    if best_state is not None:
+        final.load_state_dict(best_state)
+    final.eval()
+    return final, log
+
+
+def _model_to_use(model: XMCModel, swa_model, log: TrainingLog) -> XMCModel:
+    if swa_model is not None and log.swa_updates > 0:
+        return swa_model.module
+    return model
+
+
+# -- prediction -------------------------------------------------------------------------------------
+
+@dataclass
+class Predictions:
+    labels: np.ndarray            # (N, k) int64, best first, -1 for empty slots
+    scores: np.ndarray            # (N, k) float32
+    recalled: np.ndarray | None   # (N, b) int64 recalled cluster ids, None when flat
+
+
+@torch.no_grad()
+def predict(model: XMCModel, tokens: TokenizedTexts, config: TrainConfig, device: torch.device,
+            description: str = "predicting") -> Predictions:
+    """Top-k labels of every document. Documents are batched by length so padding stays minimal."""
+    was_training = model.training
+    model.eval()
+    model.to(device)
+    order = np.argsort(tokens.lengths, kind="stable")
+    labels = np.full((len(tokens), config.top_k), -1, dtype=np.int64)
+    scores = np.full((len(tokens), config.top_k), -1.0, dtype=np.float32)
+    recalled = None
+    with progress_bar(description, total=len(tokens)) as advance:
+        for start in range(0, len(order), config.eval_batch_size):
+            rows = order[start:start + config.eval_batch_size]
+            input_ids, attention_mask = tokens.batch(rows)
+            with autocast(device, config):
+                (top_labels, top_scores), top_clusters = model.predict_top(
+                    input_ids.to(device), attention_mask.to(device), config.top_clusters, config.top_k)
+            labels[rows] = top_labels.cpu().numpy()
+            scores[rows] = top_scores.float().cpu().numpy()
+            if top_clusters is not None:
+                if recalled is None:
+                    recalled = np.zeros((len(tokens), top_clusters.shape[1]), dtype=np.int64)
+                recalled[rows] = top_clusters.cpu().numpy()
+            advance(len(rows))
+    model.train(was_training)
+    return Predictions(labels, scores, recalled)
+
+
+def recalled_truth(truth: sp.csr_matrix, recalled: np.ndarray, label_cluster: np.ndarray) -> sp.csr_matrix:
+    """The true labels (N, L_total) whose cluster is among each document's recalled clusters (N, b);
+    labels unseen in training (ids >= len(label_cluster)) are never recalled."""
+    truth = truth.tocoo()
+    known = truth.col < len(label_cluster)
+    hit = np.zeros(truth.nnz, dtype=bool)
+    cluster = label_cluster[truth.col[known]]
+    hit[known] = (recalled[truth.row[known]] == cluster[:, None]).any(axis=1)
+    return sp.csr_matrix((np.ones(hit.sum(), dtype=np.float32), (truth.row[hit], truth.col[hit])), shape=truth.shape)

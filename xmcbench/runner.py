@@ -1,0 +1,329 @@
+"""What the commands do, as plain functions the CLI and the tests both call.
+
+A run: resolve the configuration, load the dataset, build label clusters (cached), build the model from
+the registered components, tokenize (cached), train, predict the test set, score it, write the run
+directory.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import platform
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+import xmcbench
+from xmcbench import clustering
+from xmcbench.config import TrainConfig, resolve_config
+from xmcbench.data import Dataset, data_dir_from_env, load_dataset, load_dataset_from_path
+from xmcbench.errors import XmcError
+from xmcbench.interfaces import LabelClusters
+from xmcbench.metrics import evaluate, propensity_scores
+from xmcbench.modelio import build_model, load_model_dir, save_model_dir
+from xmcbench.pipeline import Predictions, XMCModel, pick_device, predict, recalled_truth, seed_everything, \
+    set_threads, train
+from xmcbench.registry import Registry, build_registry
+from xmcbench.storage import atomic_write, cache_dir, fingerprint, write_json
+from xmcbench.tokenization import TokenizedTexts, tokenize
+
+DEFAULT_DATASET = "debian-debtags-mini"
+FINISHED_MARKER = "metrics.json"
+VERSIONED_PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "scipy", "scikit-learn", "safetensors")
+
+
+@dataclass
+class Plan:
+    """Everything a run is decided by, before anything heavy happens."""
+
+    method: str
+    dataset: str
+    config: TrainConfig
+
+
+def plan_run(registry: Registry, method: str, dataset: str | None = None, config_file: Path | None = None,
+             set_options: list[str] = (), seed: int | None = None) -> Plan:
+    spec = registry.method(method)
+    dataset = dataset or DEFAULT_DATASET
+    preset_key = dataset if dataset in registry.datasets else Path(dataset).name
+    options = list(set_options) + ([f"seed={seed}"] if seed is not None else [])
+    return Plan(method, dataset, resolve_config(spec, preset_key, config_file, options))
+
+
+def open_dataset(registry: Registry, name: str, data_dir: Path | None = None) -> Dataset:
+    """A registered dataset by name, or a folder in the raw-text layout by path."""
+    if name not in registry.datasets and Path(name).is_dir():
+        return load_dataset_from_path(Path(name))
+    return load_dataset(registry.dataset(name), data_dir_from_env(data_dir))
+
+
+# -- label clusters ---------------------------------------------------------------------------------
+
+def resolve_num_clusters(config: TrainConfig, num_labels: int) -> int:
+    """Number of clusters K; K == num_labels means flat (one label per cluster)."""
+    if config.num_clusters > 0:
+        if config.num_clusters > num_labels:
+            raise XmcError(f"num_clusters={config.num_clusters} exceeds the {num_labels} training labels")
+        return config.num_clusters
+    size = config.cluster_size
+    if size == 0:
+        size = 1 if num_labels < config.flat_below else config.auto_cluster_size
+    if size == 1:
+        return num_labels
+    return clustering.num_clusters_for(num_labels, size)
+
+
+def label_clusters(dataset: Dataset, config: TrainConfig, train_rows: np.ndarray) -> LabelClusters:
+    """Balanced clusters of the training labels from their TF-IDF (or provided sparse) features, cached on
+    disk per (dataset version, training rows, K, seed)."""
+    num_labels = dataset.num_labels
+    num_clusters = resolve_num_clusters(config, num_labels)
+    if num_clusters == num_labels:
+        return LabelClusters.from_assignment(torch.arange(num_labels), num_labels)
+    key = fingerprint(dataset.version, train_rows.tolist() if len(train_rows) < len(dataset.train_texts) else "all",
+                      num_clusters, config.seed, str(dataset.feature_file and dataset.feature_file.name))
+    path = cache_dir() / "clusters" / f"{key}.npy"
+    if path.exists():
+        assignment = np.load(path, allow_pickle=False)
+    else:
+        if dataset.feature_file is not None:
+            features = clustering.read_sparse_features(dataset.feature_file, len(dataset.train_texts))[train_rows]
+        else:
+            features = clustering.tfidf_features([dataset.train_texts[i] for i in train_rows])
+        labels = dataset.train_labels[train_rows][:, :num_labels]
+        assignment = clustering.balanced_clusters(clustering.label_features(features, labels), num_clusters,
+                                                  seed=config.seed)
+
+        def write(temporary: Path) -> None:
+            with open(temporary, "wb") as file:
+                np.save(file, assignment)
+
+        atomic_write(path, write)
+    return LabelClusters.from_assignment(torch.from_numpy(assignment), num_clusters)
+
+
+# -- scoring ----------------------------------------------------------------------------------------
+
+def inverse_propensity(dataset: Dataset, train_rows: np.ndarray) -> np.ndarray:
+    counts = np.asarray((dataset.train_labels[train_rows] > 0).sum(axis=0)).ravel()
+    return 1.0 / propensity_scores(counts, len(train_rows), dataset.propensity_a, dataset.propensity_b)
+
+
+def score(predictions: Predictions, truth: sp.csr_matrix, model: XMCModel, inv_propensity: np.ndarray) -> dict:
+    recalled = None
+    if predictions.recalled is not None:
+        recalled = recalled_truth(truth, predictions.recalled, model.label_cluster.cpu().numpy())
+    return evaluate(predictions.labels, truth, inv_propensity=inv_propensity, recalled_truth=recalled)
+
+
+def split_train_rows(dataset: Dataset, config: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded (training rows, validation rows) of the training set; the test set is never looked at."""
+    rows = np.random.default_rng(config.seed).permutation(len(dataset.train_texts))
+    if config.max_train_docs:
+        rows = rows[:config.max_train_docs]
+    if config.validation_size >= len(rows):
+        raise XmcError(f"validation_size={config.validation_size} leaves no training documents "
+                       f"(the training set has {len(rows)})")
+    validation, training = rows[:config.validation_size], rows[config.validation_size:]
+    return np.sort(training), np.sort(validation)
+
+
+def subset(tokens: TokenizedTexts, rows: np.ndarray) -> TokenizedTexts:
+    pieces = [tokens.ids[tokens.offsets[i]:tokens.offsets[i + 1]] for i in rows]
+    lengths = np.array([len(p) for p in pieces], dtype=np.int64)
+    ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+    return TokenizedTexts(ids, np.concatenate([[0], np.cumsum(lengths)]), tokens.pad_id, tokens.pad_left)
+
+
+# -- the run ----------------------------------------------------------------------------------------
+
+def default_output(plan: Plan) -> Path:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{plan.method}-{Path(plan.dataset).name}-{stamp}"
+
+
+def check_output(output: Path, overwrite: bool) -> None:
+    if (output / FINISHED_MARKER).exists() and not overwrite:
+        raise XmcError(f"{output} already holds a finished run; choose another --output or pass --overwrite")
+
+
+def environment() -> dict:
+    versions = {"python": sys.version.split()[0], "xmcbench": xmcbench.__version__}
+    for package in VERSIONED_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return {"versions": versions, "platform": platform.platform(), "processor": platform.processor(),
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def peak_memory_mb(device: torch.device) -> dict:
+    memory = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.type == "cuda":
+        memory["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return memory
+
+
+def run(plan: Plan, output: Path | None = None, data_dir: Path | None = None, overwrite: bool = False,
+        registry: Registry | None = None, log=print) -> Path:
+    """Train, predict and score one method on one dataset; return the run directory."""
+    registry = registry or build_registry()
+    config = plan.config
+    output = Path(output) if output else default_output(plan)
+    check_output(output, overwrite)
+    threads = set_threads(config)
+    device = pick_device(config)
+    dataset = open_dataset(registry, plan.dataset, data_dir)
+    log(f"{plan.method} on {dataset.name}: {len(dataset.train_texts)} train / {len(dataset.test_texts)} test "
+        f"documents, {dataset.num_labels} labels; device {device}, {threads} threads")
+    seed_everything(config.seed)
+    train_rows, validation_rows = split_train_rows(dataset, config)
+    clusters = label_clusters(dataset, config, train_rows)
+    model = build_model(registry, config, clusters)
+    tokenizer = model.encoder.tokenizer
+    train_tokens = tokenize(dataset.train_texts, tokenizer, config.max_length, f"{dataset.version}/train",
+                            description="tokenizing train")
+    test_tokens = tokenize(dataset.test_texts, tokenizer, config.max_length, f"{dataset.version}/test",
+                           description="tokenizing test")
+    inv_propensity = inverse_propensity(dataset, train_rows)
+
+    validate = None
+    if len(validation_rows):
+        validation_tokens = subset(train_tokens, validation_rows)
+        validation_truth = dataset.train_labels[validation_rows]
+
+        def validate(candidate: XMCModel) -> float:
+            found = predict(candidate, validation_tokens, config, device, description="validating")
+            return score(found, validation_truth, candidate, inv_propensity)["P@5"]
+
+    output.mkdir(parents=True, exist_ok=True)
+    dataset_ref = plan.dataset if plan.dataset in registry.datasets else str(Path(plan.dataset).resolve())
+    write_json(output / "config.json", {"method": plan.method, "dataset": dataset_ref, "dataset_name": dataset.name,
+                                        "dataset_version": dataset.version, "config": config.to_dict(),
+                                        "resolved": {"num_labels": dataset.num_labels,
+                                                     "num_clusters": clusters.num_clusters,
+                                                     "flat": clusters.is_flat, "threads": threads,
+                                                     "device": str(device), "train_docs": len(train_rows),
+                                                     "validation_docs": len(validation_rows)}})
+    write_json(output / "environment.json", environment())
+    started = time.perf_counter()
+    model, training_log = train(model, subset(train_tokens, train_rows), dataset.train_labels[train_rows],
+                                config, device, validate)
+    train_seconds = time.perf_counter() - started
+    write_training_log(output, training_log)
+
+    started = time.perf_counter()
+    predictions = predict(model, test_tokens, config, device, description="predicting test")
+    predict_seconds = time.perf_counter() - started
+    metrics = score(predictions, dataset.test_labels, model, inv_propensity)
+    save_model_dir(output / "model", model, config, dataset.label_names[:dataset.num_labels])
+    save_predictions(output / "predictions.safetensors", predictions)
+    write_json(output / "timings.json", {
+        "train_seconds": train_seconds,
+        "train_ms_per_document": 1000 * train_seconds / max(1, config.epochs * len(train_rows)),
+        "predict_seconds": predict_seconds,
+        "predict_ms_per_document": 1000 * predict_seconds / max(1, len(dataset.test_texts)),
+        **peak_memory_mb(device)})
+    write_json(output / "data_report.json", dataset.report)
+    write_json(output / FINISHED_MARKER, {"dataset": dataset.name, "test_documents": len(dataset.test_texts),
+                                          "unseen_test_labels": len(dataset.label_names) - dataset.num_labels,
+                                          **metrics})
+    return output
+
+
+def save_predictions(path: Path, predictions: Predictions) -> None:
+    """Test-set top-k as tensors (labels (N, k) int64, scores (N, k) float32): for ensembles and checks."""
+    from safetensors.numpy import save_file
+
+    arrays = {"labels": predictions.labels, "scores": predictions.scores}
+    if predictions.recalled is not None:
+        arrays["recalled_clusters"] = predictions.recalled
+    atomic_write(path, lambda temporary: save_file(arrays, str(temporary)))
+
+
+def write_training_log(output: Path, log) -> None:
+    write_json(output / "training_log.json", {"steps": log.steps, "validation": log.validation,
+                                              "selected_epoch": log.selected_epoch, "swa_updates": log.swa_updates})
+    plot_loss(output / "loss.png", log.steps)
+
+
+def plot_loss(path: Path, steps: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4))
+    if steps:
+        x = [s["step"] for s in steps]
+        for key in ("loss", "recall", "rank"):
+            if key in steps[0]:
+                axes.plot(x, [s[key] for s in steps], label=key, linewidth=1)
+    axes.set_xlabel("step")
+    axes.set_ylabel("training loss (BCE)")
+    axes.set_yscale("log")
+    axes.legend()
+    figure.tight_layout()
+    atomic_write(path, lambda temporary: figure.savefig(temporary, format="png", dpi=100))
+    plt.close(figure)
+
+
+# -- using a saved model ----------------------------------------------------------------------------
+
+def evaluate_run(run_dir: Path, dataset_name: str | None = None, data_dir: Path | None = None,
+                 registry: Registry | None = None) -> dict:
+    """Score a saved model on a dataset's test split (its own training dataset by default)."""
+    from xmcbench.storage import read_json
+
+    registry = registry or build_registry()
+    model, config, label_names = load_model_dir(run_dir, registry)
+    if dataset_name is None:
+        config_path = Path(run_dir) / "config.json"
+        if not config_path.exists():
+            raise XmcError(f"{run_dir} does not say which dataset it was trained on; pass --dataset")
+        dataset_name = read_json(config_path)["dataset"]
+    set_threads(config)
+    device = pick_device(config)
+    dataset = open_dataset(registry, dataset_name, data_dir)
+    # the model's label ids follow its own vocabulary: map the dataset's test labels onto it
+    truth = remap_labels(dataset.test_labels, dataset.label_names, label_names)
+    tokens = tokenize(dataset.test_texts, model.encoder.tokenizer, config.max_length, f"{dataset.version}/test",
+                      description="tokenizing test")
+    predictions = predict(model, tokens, config, device, description="predicting test")
+    counts = np.asarray((remap_labels(dataset.train_labels, dataset.label_names, label_names) > 0).sum(0)).ravel()
+    inv = 1.0 / propensity_scores(counts, len(dataset.train_texts), dataset.propensity_a, dataset.propensity_b)
+    return score(predictions, truth, model, inv)
+
+
+def remap_labels(labels: sp.csr_matrix, names: list[str], model_names: list[str]) -> sp.csr_matrix:
+    """Re-index label columns to the model's vocabulary; labels the model does not know go after it."""
+    index = {name: i for i, name in enumerate(model_names)}
+    unknown = [n for n in names if n not in index]
+    index.update({name: len(model_names) + i for i, name in enumerate(unknown)})
+    mapping = np.array([index[n] for n in names], dtype=np.int64)
+    labels = labels.tocoo()
+    return sp.csr_matrix((labels.data, (labels.row, mapping[labels.col])),
+                         shape=(labels.shape[0], len(model_names) + len(unknown)))
+
+
+def predict_texts(run_dir: Path, texts: list[str], top_k: int = 5, registry: Registry | None = None) -> list[dict]:
+    """Top-k labels with scores for raw texts, with a saved model."""
+    registry = registry or build_registry()
+    model, config, label_names = load_model_dir(run_dir, registry)
+    config.top_k = top_k
+    set_threads(config)
+    device = pick_device(config)
+    tokens = tokenize(texts, model.encoder.tokenizer, config.max_length, texts_key=None)
+    predictions = predict(model, tokens, config, device)
+    return [{"labels": [label_names[i] for i in row if i >= 0],
+             "scores": [round(float(s), 6) for i, s in zip(row, scores) if i >= 0]}
+            for row, scores in zip(predictions.labels, predictions.scores)]
