@@ -5,6 +5,7 @@ padded to their longest document."""
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +49,10 @@ class TokenizedTexts:
 def tokenizer_fingerprint(tokenizer) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        return hashlib.sha256(backend.to_str().encode()).hexdigest()[:16]
+        # Calling a tokenizer stores its truncation/padding settings in the backend: leave them out, or
+        # the fingerprint would change after the first call.
+        state = {k: v for k, v in json.loads(backend.to_str()).items() if k not in ("truncation", "padding")}
+        return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()[:16]
     return f"{type(tokenizer).__name__}:{tokenizer.name_or_path}:{len(tokenizer)}"
 
 
