@@ -44,6 +44,7 @@ class TrainConfig:
     batch_size: int = 16
     eval_batch_size: int = 64
     lr: float = 1e-4
+    head_lr: float = 0.0           # learning rate of everything but the encoder (0: same as lr)
     weight_decay: float = 0.01
     sparse_label_embeddings: bool = True   # update only the label-embedding rows a step touched
     swa: bool = True

@@ -161,24 +161,27 @@ class TrainingLog:
 
 
 def build_optimizers(model: XMCModel, config: TrainConfig) -> list[torch.optim.Optimizer]:
-    """AdamW with weight decay except on biases and LayerNorm; sparse embeddings get SparseAdam, which
-    updates only the rows a step touched (and so carries no weight decay)."""
+    """AdamW with weight decay except on biases and LayerNorm; the encoder at config.lr, the rest at
+    config.head_lr (when set). Sparse embeddings get SparseAdam, which updates only the rows a step
+    touched (and so carries no weight decay)."""
+    head_lr = config.head_lr or config.lr
     sparse_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.sparse}
-    decay, no_decay, sparse = [], [], []
+    groups: dict[tuple[float, float], list] = {}
+    sparse = []
     for name, parameter in model.named_parameters():
         if not parameter.requires_grad:
             continue
         if id(parameter) in sparse_ids:
             sparse.append(parameter)
-        elif parameter.ndim < 2 or "LayerNorm" in name or "layer_norm" in name or name.endswith(".bias"):
-            no_decay.append(parameter)
-        else:
-            decay.append(parameter)
+            continue
+        no_decay = parameter.ndim < 2 or "LayerNorm" in name or "layer_norm" in name or name.endswith(".bias")
+        lr = config.lr if name.startswith("encoder.") else head_lr
+        groups.setdefault((lr, 0.0 if no_decay else config.weight_decay), []).append(parameter)
     optimizers: list[torch.optim.Optimizer] = [torch.optim.AdamW(
-        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        [{"params": params, "lr": lr, "weight_decay": decay} for (lr, decay), params in groups.items()],
         lr=config.lr)]
     if sparse:
-        optimizers.append(torch.optim.SparseAdam(sparse, lr=config.lr))
+        optimizers.append(torch.optim.SparseAdam(sparse, lr=head_lr))
     return optimizers
 
 
@@ -194,7 +197,7 @@ def train(model: XMCModel, tokens: TokenizedTexts, labels: sp.csr_matrix, config
     model.train()
     optimizers = build_optimizers(model, config)
     scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and config.amp)
-    swa_model = torch.optim.swa_utils.AveragedModel(model) if config.swa else None
+    swa_model = None   # the running average, created at the first SWA update (it holds a model copy)
     rng = np.random.default_rng(config.seed)
     log = TrainingLog()
     best_score, best_state = -float("inf"), None
@@ -202,6 +205,7 @@ def train(model: XMCModel, tokens: TokenizedTexts, labels: sp.csr_matrix, config
     step = 0
     for epoch in range(config.epochs):
         batches = epoch_batches(lengths, config.batch_size, rng, config.length_bucketing)
+        epoch_loss, epoch_start = 0.0, step
         with progress_bar(f"epoch {epoch + 1}/{config.epochs}", total=len(batches)) as advance:
             for rows in batches:
                 input_ids, attention_mask = tokens.batch(rows)
@@ -222,10 +226,13 @@ def train(model: XMCModel, tokens: TokenizedTexts, labels: sp.csr_matrix, config
                 record = {"step": step, "epoch": epoch + 1, "loss": loss.item(),
                           **{name: value.item() for name, value in parts.items()}}
                 log.steps.append(record)
-                if swa_model is not None and epoch >= config.swa_start_epoch and step % config.swa_every_steps == 0:
+                if config.swa and epoch >= config.swa_start_epoch and step % config.swa_every_steps == 0:
+                    if swa_model is None:
+                        swa_model = torch.optim.swa_utils.AveragedModel(model)
                     swa_model.update_parameters(model)
                     log.swa_updates += 1
-                advance(1, loss=record["loss"])
+                epoch_loss += record["loss"]
+                advance(1, mean_loss=epoch_loss / (step - epoch_start))
         if validate is not None:
             candidate = _model_to_use(model, swa_model, log)
             score = validate(candidate)

@@ -32,13 +32,15 @@ PAPER_PRESETS = {
                    "top_clusters": 75, "swa_start_epoch": 4, "swa_every_steps": 3000, "validation_size": 4000},
 }
 
-# The Debian datasets, sized for a 2-core CPU: the embedded default must train in minutes.
+# The Debian datasets, sized for a 2-core CPU: the embedded default must train in minutes. Only three
+# epochs fit, so the freshly initialised recaller and ranker learn at 1e-3 (head_lr) while the pretrained
+# encoder keeps the paper's 1e-4; at 1e-4 throughout, 3 epochs reached P@1 77.5 instead of 86.0.
 DEBIAN_PRESETS = {
-    "debian-debtags-mini": {"epochs": 4, "batch_size": 16, "max_length": 128, "cluster_size": 1,
+    "debian-debtags-mini": {"epochs": 3, "batch_size": 16, "max_length": 128, "head_lr": 1e-3,
                             "swa_start_epoch": 2, "swa_every_steps": 50},
-    "debian-debtags": {"epochs": 3, "batch_size": 16, "max_length": 128, "cluster_size": 1,
+    "debian-debtags": {"epochs": 2, "batch_size": 16, "max_length": 128, "head_lr": 1e-3,
                        "swa_start_epoch": 1, "swa_every_steps": 200},
-    "debian-builddeps": {"epochs": 3, "batch_size": 16, "max_length": 128, "hidden_size": 300,
+    "debian-builddeps": {"epochs": 2, "batch_size": 16, "max_length": 128, "head_lr": 1e-3, "hidden_size": 300,
                          "cluster_size": 16, "top_clusters": 32, "swa_start_epoch": 1, "swa_every_steps": 200},
 }
 
