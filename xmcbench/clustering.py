@@ -10,13 +10,12 @@ Shapes: N documents, F features, L labels, K clusters.
 
 from __future__ import annotations
 
-import bz2
-import gzip
-import io
+import contextlib
 import lzma
+import io
 import math
 from pathlib import Path
-from typing import IO, Iterable
+from typing import Iterable
 
 import numpy as np
 import scipy.sparse as sp
@@ -24,6 +23,7 @@ from sklearn.datasets import load_svmlight_file
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.preprocessing import normalize
 
+from xmcbench.data import open_binary
 from xmcbench.errors import XmcError
 
 __all__ = [
@@ -69,20 +69,10 @@ def tfidf_features(train_texts: list[str], max_features: int | None = None) -> s
     return x
 
 
-def _open_binary(path: Path) -> IO[bytes]:
-    """Open a file for binary reading, decompressing by extension (.gz, .xz, .bz2)."""
-    suffix = path.suffix.lower()
-    if suffix == ".gz":
-        return gzip.open(path, "rb")
-    if suffix == ".xz":
-        return lzma.open(path, "rb")
-    if suffix == ".bz2":
-        return bz2.open(path, "rb")
-    return open(path, "rb")
-
-
-def _open_text(path: Path) -> IO[str]:
-    return io.TextIOWrapper(_open_binary(path), encoding="utf-8", errors="replace")
+@contextlib.contextmanager
+def _open_text(path: Path):
+    with open_binary(path) as stream:
+        yield io.TextIOWrapper(stream, encoding="utf-8", errors="replace")
 
 
 def _parse_header(line: str) -> tuple[int, int, int] | None:
@@ -167,7 +157,7 @@ def _read_svmlight(path: Path) -> sp.csr_matrix:
     """LightXML's train_v1.txt. sklearn's C parser is fast but its errors carry no line number, so on
     failure (or on non-finite values, which it accepts) we re-read with the Python parser to locate the line."""
     try:
-        with _open_binary(path) as fh:
+        with open_binary(path) as fh:
             x, _ = load_svmlight_file(fh, multilabel=True, zero_based=True, dtype=np.float32)
         x = sp.csr_matrix(x, dtype=np.float32)
         if np.isfinite(x.data).all():

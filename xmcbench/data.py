@@ -221,7 +221,7 @@ def _feature_file(folder: Traversable | Path) -> Path | None:
 
 
 @contextlib.contextmanager
-def _open_binary(file: PathLike):
+def open_binary(file: PathLike):
     """A binary stream of the file's contents, decompressing by suffix."""
     file = Path(file) if isinstance(file, str) else file
     opener = next((_OPENERS[ext] for ext in _COMPRESSED if file.name.endswith(ext)), None)
@@ -261,7 +261,7 @@ def _read_lines(file: PathLike, counts: dict[str, int], digest=None) -> list[str
     pending = bytearray()  # bytes after the last newline seen so far
     first = True
     try:
-        with _open_binary(file) as stream:
+        with open_binary(file) as stream:
             while True:
                 chunk = stream.read(_BLOCK_BYTES)
                 if not chunk:

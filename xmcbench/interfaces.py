@@ -7,6 +7,7 @@ pipeline does (`model.to(device)`, autocast), so every buffer a component needs 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,50 +69,53 @@ class Candidates:
     targets: torch.Tensor | None = None
 
 
-class Encoder(nn.Module):
+class Encoder(nn.Module, ABC):
     """Token ids and attention mask (B, T) -> text representation (B, D)."""
 
     out_dim: int
     #: the Hugging Face tokenizer that produces the ids this encoder reads
     tokenizer: object
 
+    @abstractmethod
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """(B, T) long ids, (B, T) 0/1 mask -> (B, out_dim)."""
 
+    @abstractmethod
     def export(self, directory: Path) -> dict:
         """Write what is needed to rebuild this encoder offline (config, tokenizer; not the weights, which
         the pipeline saves as safetensors) and return the factory parameters that rebuild it from there."""
-        raise NotImplementedError
 
 
-class Recaller(nn.Module):
+class Recaller(nn.Module, ABC):
     """Representation (B, D) -> cluster logits (B, K)."""
 
     num_clusters: int
 
+    @abstractmethod
     def forward(self, representation: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """(B, D) -> (B, num_clusters) logits."""
 
     def loss(self, logits: torch.Tensor, cluster_targets: torch.Tensor) -> torch.Tensor:
         """Binary cross-entropy of (B, K) logits against (B, K) multi-hot cluster targets, a scalar."""
         return nn.functional.binary_cross_entropy_with_logits(logits.float(), cluster_targets)
 
 
-class Sampler(nn.Module):
+class Sampler(nn.Module, ABC):
     """Training only: decides which candidate labels the ranker sees, and their 0/1 targets.
 
     Contract: every positive label of a document is among its candidates, exactly once.
     """
 
+    @abstractmethod
     def forward(self, recall_logits: torch.Tensor, positives: torch.Tensor, clusters: LabelClusters,
                 doc_index: torch.Tensor) -> Candidates:
         """recall_logits (B, K) detached; positives (B, P) label ids padded with -1; doc_index (B,) the
         documents' row numbers in the training set (for samplers that remember per-document state)."""
-        raise NotImplementedError
 
 
-class Ranker(nn.Module):
+class Ranker(nn.Module, ABC):
     """Representation (B, D) and candidate label ids (B, C) -> logits (B, C)."""
 
+    @abstractmethod
     def forward(self, representation: torch.Tensor, candidate_labels: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """(B, D), (B, C) long -> (B, C) logits."""
