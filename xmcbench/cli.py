@@ -14,6 +14,7 @@ from tabulate import tabulate
 from xmcbench import runner
 from xmcbench.errors import XmcError
 from xmcbench.metrics import format_metrics
+from xmcbench.pipeline import TrainingInterrupted
 from xmcbench.registry import build_registry
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -29,7 +30,7 @@ DataDirOption = typer.Option(None, "--data-dir", help="folder holding user-provi
 
 
 @app.command("run")
-def run_command(method: str = typer.Argument(..., help="method name, e.g. lightxml"),
+def run_command(method: Optional[str] = typer.Argument(None, help="method name, e.g. lightxml"),
                 dataset: Optional[str] = DatasetOption,
                 set_options: Optional[List[str]] = SetOption,
                 config_file: Optional[Path] = ConfigOption,
@@ -40,15 +41,26 @@ def run_command(method: str = typer.Argument(..., help="method name, e.g. lightx
                 data_dir: Optional[Path] = DataDirOption,
                 overwrite: bool = typer.Option(False, "--overwrite", help="replace a finished run in --output"),
                 print_config: bool = typer.Option(False, "--print-config",
-                                                  help="print the resolved configuration and stop")):
+                                                  help="print the resolved configuration and stop"),
+                resume: Optional[Path] = typer.Option(None, "--resume",
+                                                      help="continue an interrupted run from its last checkpoint")):
     """Train METHOD on a dataset, predict its test set, score it and write a run directory."""
     registry = build_registry()
-    options = list(set_options or []) + ([f"threads={threads}"] if threads is not None else [])
-    plan = runner.plan_run(registry, method, dataset, config_file, options, seed)
+    if resume is not None:
+        if method or dataset or set_options or config_file or output or seed is not None or threads is not None:
+            raise XmcError("--resume takes only the run directory: the run's settings are in its config.json")
+        plan = runner.plan_resume(resume)
+        output = resume
+    elif method is None:
+        raise XmcError("name a method (e.g. `xmcbench run lightxml`) or --resume RUN_DIR")
+    else:
+        options = list(set_options or []) + ([f"threads={threads}"] if threads is not None else [])
+        plan = runner.plan_run(registry, method, dataset, config_file, options, seed)
     if print_config:
         typer.echo(json.dumps({"method": plan.method, "dataset": plan.dataset, **plan.config.to_dict()}, indent=2))
         return
-    run_dir = runner.run(plan, output, data_dir, overwrite, registry, log=lambda line: typer.echo(line, err=True))
+    run_dir = runner.run(plan, output, data_dir, overwrite, registry, log=lambda line: typer.echo(line, err=True),
+                         resume=resume is not None)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     timings = json.loads((run_dir / "timings.json").read_text())
     typer.echo(format_metrics({k: v for k, v in metrics.items() if isinstance(v, float)}))
@@ -123,6 +135,9 @@ def datasets_command(data_dir: Optional[Path] = DataDirOption):
 def main() -> None:
     try:
         app()
+    except TrainingInterrupted as stop:
+        typer.echo(f"xmcbench: {stop}", err=True)
+        sys.exit(130)
     except XmcError as error:
         typer.echo(f"xmcbench: error: {error}", err=True)
         sys.exit(2)

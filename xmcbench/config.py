@@ -50,6 +50,9 @@ class TrainConfig:
     swa: bool = True
     swa_start_epoch: int = 1       # SWA averaging starts after this many epochs (0-based epoch index)
     swa_every_steps: int = 200
+    checkpoint_every_steps: int = 0   # also checkpoint every N steps (0: only per epoch, on Ctrl-C, at the end)
+    checkpoint_every_epochs: int = 1
+    keep_checkpoint: bool = False   # keep the final training checkpoint once the run has finished
     validation_size: int = 0       # training documents held out for model selection (0: none, keep the last)
     max_train_docs: int = 0        # train on a seeded subset (0: all)
     length_bucketing: bool = True  # batches of similar length: less padding, same expected gradient

@@ -185,73 +185,189 @@ def build_optimizers(model: XMCModel, config: TrainConfig) -> list[torch.optim.O
     return optimizers
 
 
-def train(model: XMCModel, tokens: TokenizedTexts, labels: sp.csr_matrix, config: TrainConfig,
-          device: torch.device, validate: Callable[[nn.Module], float] | None = None) -> tuple[nn.Module, TrainingLog]:
-    """Train in place for config.epochs; return the model to use (the SWA average once SWA has started,
-    or the best epoch under `validate` when given) and the log.
+class TrainingInterrupted(XmcError):
+    """Ctrl-C during training: a checkpoint was written first."""
+
+
+class Trainer:
+    """Owns the training loop and everything needed to continue it exactly after a stop: model,
+    optimizers, scaler, SWA average, position in the data order, RNG states, log and best state.
 
     labels: (N, L) 0/1 csr of the training documents, rows aligned with `tokens`.
-    validate(model) -> a score to maximise; it is called on the model to use after each epoch and must
-    leave the model in training mode afterwards (this function restores it anyway)."""
-    model.to(device)
-    model.train()
-    optimizers = build_optimizers(model, config)
-    scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and config.amp)
-    swa_model = None   # the running average, created at the first SWA update (it holds a model copy)
-    rng = np.random.default_rng(config.seed)
-    log = TrainingLog()
-    best_score, best_state = -float("inf"), None
-    lengths = tokens.lengths
-    step = 0
-    for epoch in range(config.epochs):
-        batches = epoch_batches(lengths, config.batch_size, rng, config.length_bucketing)
-        epoch_loss, epoch_start = 0.0, step
-        with progress_bar(f"epoch {epoch + 1}/{config.epochs}", total=len(batches)) as advance:
-            for rows in batches:
-                input_ids, attention_mask = tokens.batch(rows)
-                positives = padded_positives(labels, rows)
-                with autocast(device, config):
-                    loss, parts = model.training_loss(input_ids.to(device), attention_mask.to(device),
-                                                      positives.to(device), torch.from_numpy(rows).to(device))
-                if not torch.isfinite(loss):
-                    raise XmcError(f"training diverged: the loss is {loss.item()} at step {step} (epoch {epoch + 1}); "
-                                   "lower lr or disable amp (--set amp=false)")
-                for optimizer in optimizers:
-                    optimizer.zero_grad(set_to_none=True)
-                scaler.scale(loss).backward()
-                for optimizer in optimizers:
-                    scaler.step(optimizer)
-                scaler.update()
-                step += 1
-                record = {"step": step, "epoch": epoch + 1, "loss": loss.item(),
-                          **{name: value.item() for name, value in parts.items()}}
-                log.steps.append(record)
-                if config.swa and epoch >= config.swa_start_epoch and step % config.swa_every_steps == 0:
-                    if swa_model is None:
-                        swa_model = torch.optim.swa_utils.AveragedModel(model)
-                    swa_model.update_parameters(model)
-                    log.swa_updates += 1
+    validate(model) -> a score to maximise, called on the model to use after each epoch.
+    checkpoint_dir: where checkpoints go (every config.checkpoint_every_steps steps, every
+    config.checkpoint_every_epochs epochs, on Ctrl-C and at the end); None: no checkpoints.
+    """
+
+    def __init__(self, model: XMCModel, tokens: TokenizedTexts, labels: sp.csr_matrix, config: TrainConfig,
+                 device: torch.device, validate: Callable[[nn.Module], float] | None = None,
+                 checkpoint_dir=None) -> None:
+        self.model, self.tokens, self.labels, self.config, self.device = model, tokens, labels, config, device
+        self.validate, self.checkpoint_dir = validate, checkpoint_dir
+        model.to(device)
+        model.train()
+        self.optimizers = build_optimizers(model, config)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and config.amp)
+        self.swa_model = None   # the running average, created at the first SWA update (it holds a model copy)
+        self.rng = np.random.default_rng(config.seed)
+        self.epoch_rng_state: dict | None = None   # the data-order RNG as it was when this epoch began
+        self.log = TrainingLog()
+        self.best_score, self.best_state = -float("inf"), None
+        self.epoch = self.batch_in_epoch = self.step = 0
+        self.stop_requested = False
+
+    # -- state ---------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "position": {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "step": self.step},
+            "model": self.model.state_dict(),
+            "optimizers": [optimizer.state_dict() for optimizer in self.optimizers],
+            "scaler": self.scaler.state_dict(),
+            "swa": self.swa_model.state_dict() if self.swa_model is not None else None,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                    "numpy_global": _numpy_global_state(), "data_order": self.epoch_rng_state,
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+            "log": {"steps": self.log.steps, "validation": self.log.validation,
+                    "selected_epoch": self.log.selected_epoch, "swa_updates": self.log.swa_updates},
+            "best": {"score": self.best_score if self.best_state is not None else None, "state": self.best_state},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        position = state["position"]
+        self.epoch, self.batch_in_epoch, self.step = position["epoch"], position["batch_in_epoch"], position["step"]
+        self.model.load_state_dict(state["model"])
+        for optimizer, optimizer_state in zip(self.optimizers, state["optimizers"]):
+            optimizer.load_state_dict(optimizer_state)
+        if state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        if state["swa"] is not None:
+            self.swa_model = torch.optim.swa_utils.AveragedModel(self.model)
+            self.swa_model.load_state_dict(state["swa"])
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        name, keys, position, has_gauss, cached = rng["numpy_global"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+        if rng["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.epoch_rng_state = rng["data_order"]
+        self.log = TrainingLog(**state["log"])
+        if state["best"]["state"] is not None:
+            self.best_score, self.best_state = state["best"]["score"], state["best"]["state"]
+
+    def save_checkpoint(self) -> None:
+        if self.checkpoint_dir is not None:
+            from xmcbench.checkpoint import save_checkpoint
+
+            save_checkpoint(self.checkpoint_dir, self.state_dict(), self.step)
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def fit(self) -> tuple[nn.Module, TrainingLog]:
+        """Train (or continue) to config.epochs; return the model to use (the SWA average once SWA has
+        started, or the best epoch under `validate`) in eval mode, and the log."""
+        with _stop_on_interrupt(self):
+            while self.epoch < self.config.epochs:
+                self.run_epoch()
+            self.save_checkpoint()
+        final = self.model_to_use()
+        if self.best_state is not None:
+            final.load_state_dict(self.best_state)
+        final.eval()
+        return final, self.log
+
+    def run_epoch(self) -> None:
+        config = self.config
+        if self.batch_in_epoch == 0:
+            self.epoch_rng_state = copy.deepcopy(self.rng.bit_generator.state)
+        else:   # continuing a checkpoint: replay this epoch's data order, then skip what was done
+            self.rng.bit_generator.state = copy.deepcopy(self.epoch_rng_state)
+        batches = epoch_batches(self.tokens.lengths, config.batch_size, self.rng, config.length_bucketing)
+        epoch_loss, done_before = 0.0, self.batch_in_epoch
+        with progress_bar(f"epoch {self.epoch + 1}/{config.epochs}", total=len(batches)) as advance:
+            advance(done_before)
+            for rows in batches[done_before:]:
+                record = self.train_step(rows)
                 epoch_loss += record["loss"]
-                advance(1, mean_loss=epoch_loss / (step - epoch_start))
-        if validate is not None:
-            candidate = _model_to_use(model, swa_model, log)
-            score = validate(candidate)
-            model.train()
-            log.validation.append({"epoch": epoch + 1, "score": score})
-            if score > best_score:
-                best_score, log.selected_epoch = score, epoch + 1
-                best_state = {k: v.detach().to("cpu", copy=True) for k, v in candidate.state_dict().items()}
-    final = _model_to_use(model, swa_model, log)
-    if best_state is not None:
-        final.load_state_dict(best_state)
-    final.eval()
-    return final, log
+                advance(1, mean_loss=epoch_loss / (self.batch_in_epoch - done_before))
+                if config.checkpoint_every_steps and self.step % config.checkpoint_every_steps == 0:
+                    self.save_checkpoint()
+                if self.stop_requested:
+                    self.save_checkpoint()
+                    raise TrainingInterrupted(f"interrupted at step {self.step} (epoch {self.epoch + 1}); "
+                                              "a checkpoint was written")
+        if self.validate is not None:
+            candidate = self.model_to_use()
+            score = self.validate(candidate)
+            self.model.train()
+            self.log.validation.append({"epoch": self.epoch + 1, "score": score})
+            if score > self.best_score:
+                self.best_score, self.log.selected_epoch = score, self.epoch + 1
+                self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in candidate.state_dict().items()}
+        self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        if config.checkpoint_every_epochs and self.epoch % config.checkpoint_every_epochs == 0 \
+                and self.epoch < config.epochs:
+            self.save_checkpoint()
+
+    def train_step(self, rows: np.ndarray) -> dict:
+        config, device, model = self.config, self.device, self.model
+        input_ids, attention_mask = self.tokens.batch(rows)
+        positives = padded_positives(self.labels, rows)
+        with autocast(device, config):
+            loss, parts = model.training_loss(input_ids.to(device), attention_mask.to(device),
+                                              positives.to(device), torch.from_numpy(rows).to(device))
+        if not torch.isfinite(loss):
+            kept = f"; the last good checkpoint is in {self.checkpoint_dir}" if self.checkpoint_dir else ""
+            raise XmcError(f"training diverged: the loss is {loss.item()} at step {self.step + 1} "
+                           f"(epoch {self.epoch + 1}){kept}; lower lr or disable amp (--set amp=false)")
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        for optimizer in self.optimizers:
+            self.scaler.step(optimizer)
+        self.scaler.update()
+        self.step += 1
+        self.batch_in_epoch += 1
+        record = {"step": self.step, "epoch": self.epoch + 1, "loss": loss.item(),
+                  **{name: value.item() for name, value in parts.items()}}
+        self.log.steps.append(record)
+        if config.swa and self.epoch >= config.swa_start_epoch and self.step % config.swa_every_steps == 0:
+            if self.swa_model is None:
+                self.swa_model = torch.optim.swa_utils.AveragedModel(model)
+            self.swa_model.update_parameters(model)
+            self.log.swa_updates += 1
+        return record
+
+    def model_to_use(self) -> XMCModel:
+        if self.swa_model is not None and self.log.swa_updates > 0:
+            return self.swa_model.module
+        return self.model
 
 
-def _model_to_use(model: XMCModel, swa_model, log: TrainingLog) -> XMCModel:
-    if swa_model is not None and log.swa_updates > 0:
-        return swa_model.module
-    return model
+def _numpy_global_state() -> list:
+    name, keys, position, has_gauss, cached = np.random.get_state()
+    return [name, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached]
+
+
+@contextlib.contextmanager
+def _stop_on_interrupt(trainer: Trainer):
+    """The first Ctrl-C asks the trainer to stop after its current step (and checkpoint); a second one
+    interrupts at once."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def request_stop(signum, frame):
+        trainer.stop_requested = True
+        signal.signal(signal.SIGINT, previous)
+
+    previous = signal.signal(signal.SIGINT, request_stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # -- prediction -------------------------------------------------------------------------------------

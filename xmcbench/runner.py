@@ -11,6 +11,7 @@ import datetime
 import importlib.metadata
 import platform
 import resource
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -28,9 +29,10 @@ from xmcbench.errors import XmcError
 from xmcbench.interfaces import LabelClusters
 from xmcbench.metrics import evaluate, propensity_scores
 from xmcbench.modelio import build_model, load_model_dir, save_model_dir
-from xmcbench.pipeline import Predictions, XMCModel, pick_device, predict, recalled_truth, seed_everything, \
-    set_threads, train
-from xmcbench.registry import Registry, build_registry
+from xmcbench.checkpoint import load_checkpoint
+from xmcbench.pipeline import Predictions, Trainer, TrainingInterrupted, XMCModel, pick_device, predict, \
+    recalled_truth, seed_everything, set_threads
+from xmcbench.registry import COMPONENT_KINDS, Registry, build_registry
 from xmcbench.storage import atomic_write, cache_dir, fingerprint, write_json
 from xmcbench.tokenization import TokenizedTexts, tokenize
 
@@ -54,7 +56,10 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
     dataset = dataset or DEFAULT_DATASET
     preset_key = dataset if dataset in registry.datasets else Path(dataset).name
     options = list(set_options) + ([f"seed={seed}"] if seed is not None else [])
-    return Plan(method, dataset, resolve_config(spec, preset_key, config_file, options))
+    config = resolve_config(spec, preset_key, config_file, options)
+    for kind in COMPONENT_KINDS:   # fail before any data is read
+        registry.component(kind, getattr(config, kind))
+    return Plan(method, dataset, config)
 
 
 def open_dataset(registry: Registry, name: str, data_dir: Path | None = None) -> Dataset:
@@ -149,9 +154,32 @@ def default_output(plan: Plan) -> Path:
     return Path("runs") / f"{plan.method}-{Path(plan.dataset).name}-{stamp}"
 
 
-def check_output(output: Path, overwrite: bool) -> None:
-    if (output / FINISHED_MARKER).exists() and not overwrite:
-        raise XmcError(f"{output} already holds a finished run; choose another --output or pass --overwrite")
+def prepare_output(output: Path, overwrite: bool) -> None:
+    """Refuse to write over an earlier run unless asked to; never delete a folder that is not a run."""
+    if not output.exists() or not any(output.iterdir()):
+        return
+    is_run = (output / "config.json").exists()
+    if not is_run:
+        raise XmcError(f"{output} is not empty and holds no xmcbench run; choose another --output")
+    if not overwrite:
+        if (output / FINISHED_MARKER).exists():
+            raise XmcError(f"{output} already holds a finished run; choose another --output or pass --overwrite")
+        raise XmcError(f"{output} holds an unfinished run; continue it with `xmcbench run --resume {output}` "
+                       "or pass --overwrite")
+    shutil.rmtree(output)
+
+
+def plan_resume(run_dir: Path) -> Plan:
+    """The plan recorded in an unfinished run directory."""
+    from xmcbench.storage import read_json
+
+    recorded = Path(run_dir) / "config.json"
+    if not recorded.exists():
+        raise XmcError(f"{run_dir} holds no run to resume (config.json is missing)")
+    if (Path(run_dir) / FINISHED_MARKER).exists():
+        raise XmcError(f"{run_dir} holds a finished run: nothing to resume")
+    saved = read_json(recorded)
+    return Plan(saved["method"], saved["dataset"], TrainConfig.from_dict(saved["config"]))
 
 
 def environment() -> dict:
@@ -174,17 +202,30 @@ def peak_memory_mb(device: torch.device) -> dict:
 
 
 def run(plan: Plan, output: Path | None = None, data_dir: Path | None = None, overwrite: bool = False,
-        registry: Registry | None = None, log=print) -> Path:
-    """Train, predict and score one method on one dataset; return the run directory."""
+        registry: Registry | None = None, log=print, resume: bool = False) -> Path:
+    """Train, predict and score one method on one dataset; return the run directory.
+
+    resume=True continues the unfinished run in `output` from its last checkpoint (see plan_resume)."""
     registry = registry or build_registry()
     config = plan.config
     output = Path(output) if output else default_output(plan)
-    check_output(output, overwrite)
+    if not resume:
+        prepare_output(output, overwrite)
     threads = set_threads(config)
     device = pick_device(config)
     dataset = open_dataset(registry, plan.dataset, data_dir)
+    if resume:
+        from xmcbench.storage import read_json
+
+        recorded = read_json(output / "config.json")["dataset_version"]
+        if recorded != dataset.version:
+            raise XmcError(f"the dataset {plan.dataset} changed since {output} was started "
+                           f"(version {dataset.version}, recorded {recorded}); start a new run instead")
     log(f"{plan.method} on {dataset.name}: {len(dataset.train_texts)} train / {len(dataset.test_texts)} test "
         f"documents, {dataset.num_labels} labels; device {device}, {threads} threads")
+    if dataset.report:
+        log("input policies applied (see data_report.json): "
+            + ", ".join(f"{key} {value}" for key, value in sorted(dataset.report.items())))
     seed_everything(config.seed)
     train_rows, validation_rows = split_train_rows(dataset, config)
     clusters = label_clusters(dataset, config, train_rows)
@@ -206,18 +247,21 @@ def run(plan: Plan, output: Path | None = None, data_dir: Path | None = None, ov
             return score(found, validation_truth, candidate, inv_propensity)["P@5"]
 
     output.mkdir(parents=True, exist_ok=True)
-    dataset_ref = plan.dataset if plan.dataset in registry.datasets else str(Path(plan.dataset).resolve())
-    write_json(output / "config.json", {"method": plan.method, "dataset": dataset_ref, "dataset_name": dataset.name,
-                                        "dataset_version": dataset.version, "config": config.to_dict(),
-                                        "resolved": {"num_labels": dataset.num_labels,
-                                                     "num_clusters": clusters.num_clusters,
-                                                     "flat": clusters.is_flat, "threads": threads,
-                                                     "device": str(device), "train_docs": len(train_rows),
-                                                     "validation_docs": len(validation_rows)}})
-    write_json(output / "environment.json", environment())
+    if not resume:
+        write_run_config(output, plan, dataset, config, clusters, threads, device, train_rows, validation_rows,
+                         registry)
+    trainer = Trainer(model, subset(train_tokens, train_rows), dataset.train_labels[train_rows], config, device,
+                      validate, checkpoint_dir=output / "checkpoints")
+    if resume:
+        state = load_checkpoint(output / "checkpoints")
+        if state is not None:
+            trainer.load_state_dict(state)
+            log(f"resuming {output} at step {trainer.step} (epoch {trainer.epoch + 1})")
     started = time.perf_counter()
-    model, training_log = train(model, subset(train_tokens, train_rows), dataset.train_labels[train_rows],
-                                config, device, validate)
+    try:
+        model, training_log = trainer.fit()
+    except TrainingInterrupted as stop:
+        raise TrainingInterrupted(f"{stop}; continue with: xmcbench run --resume {output}") from None
     train_seconds = time.perf_counter() - started
     write_training_log(output, training_log)
 
@@ -232,12 +276,28 @@ def run(plan: Plan, output: Path | None = None, data_dir: Path | None = None, ov
         "train_ms_per_document": 1000 * train_seconds / max(1, config.epochs * len(train_rows)),
         "predict_seconds": predict_seconds,
         "predict_ms_per_document": 1000 * predict_seconds / max(1, len(dataset.test_texts)),
+        "resumed": resume,
         **peak_memory_mb(device)})
     write_json(output / "data_report.json", dataset.report)
     write_json(output / FINISHED_MARKER, {"dataset": dataset.name, "test_documents": len(dataset.test_texts),
                                           "unseen_test_labels": len(dataset.label_names) - dataset.num_labels,
                                           **metrics})
+    if not config.keep_checkpoint:
+        shutil.rmtree(output / "checkpoints", ignore_errors=True)
     return output
+
+
+def write_run_config(output, plan, dataset, config, clusters, threads, device, train_rows, validation_rows,
+                     registry) -> None:
+    dataset_ref = plan.dataset if plan.dataset in registry.datasets else str(Path(plan.dataset).resolve())
+    write_json(output / "config.json", {"method": plan.method, "dataset": dataset_ref, "dataset_name": dataset.name,
+                                        "dataset_version": dataset.version, "config": config.to_dict(),
+                                        "resolved": {"num_labels": dataset.num_labels,
+                                                     "num_clusters": clusters.num_clusters,
+                                                     "flat": clusters.is_flat, "threads": threads,
+                                                     "device": str(device), "train_docs": len(train_rows),
+                                                     "validation_docs": len(validation_rows)}})
+    write_json(output / "environment.json", environment())
 
 
 def save_predictions(path: Path, predictions: Predictions) -> None:
