@@ -1,9 +1,25 @@
 """Model directories: weights as safetensors, everything else as JSON, the encoder's config and tokenizer
-as Hugging Face files. Loading never unpickles anything."""
+as Hugging Face files. Loading never unpickles anything.
+
+    model/weights.safetensors   every parameter and buffer of the XMCModel (label clusters included)
+    model/labels.json           the label names, in label-id order
+    model/model.json            schema, config, shapes, encoder parameters, and the size and sha256 of
+                                every other file of the directory ("files")
+    model/encoder/              the encoder's Hugging Face config and tokenizer
+
+Loading checks the directory before trusting it: a truncated, damaged, tampered or mismatched file, a
+missing one, a model.json from a newer xmcbench, or a component no installed plugin provides each end in
+one XmcError line naming the file, what is wrong and what to do.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import dataclasses
+import hashlib
+import json
+import math
+import re
+from pathlib import Path, PurePosixPath
 
 import torch
 from safetensors.torch import load_model, save_model
@@ -14,9 +30,15 @@ from xmcbench.errors import XmcError
 from xmcbench.interfaces import LabelClusters
 from xmcbench.pipeline import XMCModel
 from xmcbench.registry import Registry
-from xmcbench.storage import atomic_write, read_json, write_json
+from xmcbench.storage import atomic_write, write_json
 
 SCHEMA_VERSION = 1
+ENCODER_FOLDER = "encoder"
+REQUIRED_KEYS = ("schema", "config", "num_labels", "num_clusters", "cluster_size", "encoder_params")
+REDO = "re-run training or copy the model directory again"
+MAX_HEADER_BYTES = 100_000_000   # safetensors' own limit
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+               "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
 
 
 def build_model(registry: Registry, config: TrainConfig, clusters: LabelClusters,
@@ -31,12 +53,30 @@ def build_model(registry: Registry, config: TrainConfig, clusters: LabelClusters
     return XMCModel(encoder, recaller, ranker, sampler, clusters)
 
 
+# -- saving -----------------------------------------------------------------------------------------
+
+def file_digest(path: Path) -> dict:
+    """{"bytes": size, "sha256": hex digest} of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while block := file.read(1 << 20):
+            digest.update(block)
+    return {"bytes": Path(path).stat().st_size, "sha256": digest.hexdigest()}
+
+
 def save_model_dir(directory: Path, model: XMCModel, config: TrainConfig, label_names: list[str]) -> None:
+    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    encoder_params = model.encoder.export(directory / "encoder")
-    encoder_params = {k: ("encoder" if v == str(directory / "encoder") else v) for k, v in encoder_params.items()}
+    encoder_dir = directory / ENCODER_FOLDER
+    encoder_params = model.encoder.export(encoder_dir)
+    encoder_params = {k: (ENCODER_FOLDER if v == str(encoder_dir) else v) for k, v in encoder_params.items()}
     atomic_write(directory / "weights.safetensors", lambda temporary: save_model(model, str(temporary)))
     write_json(directory / "labels.json", label_names)
+    files = ["weights.safetensors", "labels.json"]
+    if encoder_dir.is_dir():
+        files += sorted(p.relative_to(directory).as_posix() for p in encoder_dir.rglob("*") if p.is_file())
+    # model.json comes last: a directory whose save was interrupted has none (or an older one whose
+    # checksums no longer match), so it is never taken for a complete model
     write_json(directory / "model.json", {
         "schema": SCHEMA_VERSION,
         "xmcbench_version": xmcbench.__version__,
@@ -45,42 +85,274 @@ def save_model_dir(directory: Path, model: XMCModel, config: TrainConfig, label_
         "num_clusters": model.clusters.num_clusters,
         "cluster_size": model.cluster_labels.shape[1],
         "encoder_params": encoder_params,
+        "files": {name: file_digest(directory / name) for name in files},
     })
 
 
+# -- loading ----------------------------------------------------------------------------------------
+
+def one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _read_json(path: Path, what: str):
+    if not path.is_file():
+        raise XmcError(f"{path} is missing: the model directory is incomplete; {REDO}")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as error:
+        raise XmcError(f"cannot read {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise XmcError(f"{path} is not valid JSON (it is not UTF-8 text): {what} is damaged; {REDO}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        problem = "it is empty" if not text.strip() else f"{error.msg} at line {error.lineno} column {error.colno}"
+        raise XmcError(f"{path} is not valid JSON ({problem}): {what} is damaged or truncated; {REDO}") from None
+
+
+def _is_size(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_count(value) -> bool:
+    return _is_size(value) and value >= 1
+
+
+def _read_meta(directory: Path) -> dict:
+    path = directory / "model.json"
+    meta = _read_json(path, "the model description")
+    if not isinstance(meta, dict):
+        raise XmcError(f"{path} does not hold a JSON object: the model description is damaged; {REDO}")
+    schema = meta.get("schema")
+    if not isinstance(schema, int) or isinstance(schema, bool):
+        raise XmcError(f"{path} has no valid \"schema\" number: the model description is damaged; {REDO}")
+    if schema > SCHEMA_VERSION:
+        written_by = meta.get("xmcbench_version")
+        by = f" {written_by}" if isinstance(written_by, str) else ""
+        raise XmcError(f"{path} has model schema {schema} but this xmcbench ({xmcbench.__version__}) reads "
+                       f"schema {SCHEMA_VERSION} at most: the model was written by a newer xmcbench{by}; "
+                       "upgrade xmcbench (pip install -U xmcbench)")
+    missing = [key for key in REQUIRED_KEYS if key not in meta]
+    if missing:
+        raise XmcError(f"{path} lacks {', '.join(repr(k) for k in missing)}: the model description is "
+                       f"incomplete; {REDO}")
+    for key in ("num_labels", "num_clusters", "cluster_size"):
+        if not _is_count(meta[key]):
+            raise XmcError(f"{path}: {key!r} must be a positive integer, got {meta[key]!r}; {REDO}")
+    for key in ("config", "encoder_params"):
+        if not isinstance(meta[key], dict):
+            raise XmcError(f"{path}: {key!r} must be a JSON object, got {type(meta[key]).__name__}; {REDO}")
+    if meta["num_clusters"] * meta["cluster_size"] < meta["num_labels"]:
+        raise XmcError(f"{path}: {meta['num_clusters']} clusters of at most {meta['cluster_size']} labels cannot "
+                       f"hold {meta['num_labels']} labels: the model description is damaged; {REDO}")
+    return meta
+
+
+def _read_labels(directory: Path, num_labels: int) -> list[str]:
+    path = directory / "labels.json"
+    labels = _read_json(path, "the label list")
+    if not isinstance(labels, list) or not all(isinstance(name, str) for name in labels):
+        raise XmcError(f"{path} must hold a JSON list of label names (strings): the label list is damaged; {REDO}")
+    if len(labels) != num_labels:
+        raise XmcError(f"{path} holds {len(labels)} labels but model.json says the model has {num_labels} "
+                       f"(num_labels): the label list does not match the model; {REDO}")
+    if len(set(labels)) != len(labels):
+        seen, duplicate = set(), None
+        for name in labels:
+            if name in seen:
+                duplicate = name
+                break
+            seen.add(name)
+        raise XmcError(f"{path} names label {duplicate!r} twice: the label list is damaged; {REDO}")
+    return labels
+
+
+def _safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
+    """Check that `path` is a complete safetensors file without loading it: {name: (dtype, shape)}."""
+    if not path.is_file():
+        raise XmcError(f"{path} is missing: the model directory is incomplete; {REDO}")
+    size = path.stat().st_size
+    damaged = f"{path} is not a safetensors file (its header is unreadable): the weights are damaged; {REDO}"
+    try:
+        with open(path, "rb") as file:
+            prefix = file.read(8)
+            if len(prefix) < 8:
+                raise XmcError(f"{path} is truncated ({size} bytes, not even a header): the weights are "
+                               f"incomplete; {REDO}")
+            header_bytes = int.from_bytes(prefix, "little")
+            if header_bytes < 2 or header_bytes > MAX_HEADER_BYTES:
+                raise XmcError(damaged)
+            if 8 + header_bytes > size:
+                raise XmcError(f"{path} is truncated or is not a safetensors file ({size} bytes, its header "
+                               f"claims {8 + header_bytes}): the weights are damaged; {REDO}")
+            raw = file.read(header_bytes)
+    except OSError as error:
+        raise XmcError(f"cannot read {path}: {error.strerror or error}") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise XmcError(damaged) from None
+    if not isinstance(header, dict):
+        raise XmcError(damaged)
+    tensors, end = {}, 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, stop) = entry["dtype"], list(entry["shape"]), entry["data_offsets"]
+            valid = (isinstance(dtype, str) and all(_is_size(d) for d in shape)
+                     and _is_size(begin) and _is_size(stop) and begin <= stop)
+        except (KeyError, TypeError, ValueError):
+            valid = False
+        if not valid:
+            raise XmcError(f"{path} describes tensor {name!r} inconsistently: the weights are damaged; {REDO}")
+        if dtype in DTYPE_BYTES and stop - begin != math.prod(shape) * DTYPE_BYTES[dtype]:
+            raise XmcError(f"{path} describes tensor {name!r} ({dtype} {shape}) with {stop - begin} bytes of data: "
+                           f"the weights are damaged; {REDO}")
+        tensors[name] = (dtype, shape)
+        end = max(end, stop)
+    expected = 8 + header_bytes + end
+    if size < expected:
+        raise XmcError(f"{path} is truncated ({size} of {expected} bytes): the weights are incomplete; {REDO}")
+    if size > expected:
+        raise XmcError(f"{path} has {size - expected} unexpected bytes after its tensors: the weights are "
+                       f"damaged; {REDO}")
+    return tensors
+
+
+def _verify_files(directory: Path, meta: dict) -> None:
+    """Sizes and sha256 of the files model.json recorded at save time (directories saved before
+    checksums were recorded have no "files" entry and skip this)."""
+    files = meta.get("files")
+    if files is None:
+        return
+    path = directory / "model.json"
+    malformed = XmcError(f"{path}: its \"files\" checksums are malformed: the model description is damaged; {REDO}")
+    if not isinstance(files, dict):
+        raise malformed
+    for name, record in files.items():
+        relative = PurePosixPath(name)
+        if (not isinstance(record, dict) or relative.is_absolute() or ".." in relative.parts
+                or not _is_size(record.get("bytes"))
+                or not re.fullmatch(r"[0-9a-f]{64}", str(record.get("sha256", "")))):
+            raise malformed
+    for name, record in files.items():          # sizes first: cheap, and the clearest message
+        file = directory / name
+        if not file.is_file():
+            raise XmcError(f"{file} is missing: the model directory is incomplete; {REDO}")
+        size = file.stat().st_size
+        if size != record["bytes"]:
+            state = "truncated" if size < record["bytes"] else "longer than when it was saved"
+            raise XmcError(f"{file} is {state} ({size} bytes, model.json recorded {record['bytes']}): the file is "
+                           f"damaged or comes from another model; {REDO}")
+    for name, record in files.items():
+        file = directory / name
+        try:
+            found = file_digest(file)["sha256"]
+        except OSError as error:
+            raise XmcError(f"cannot read {file}: {error.strerror or error}") from None
+        if found != record["sha256"]:
+            raise XmcError(f"{file} does not match the checksum (sha256) recorded in model.json: it was modified "
+                           f"or damaged after saving, or comes from another model; {REDO}")
+
+
+def _check_components(registry: Registry, config: TrainConfig, flat: bool, path: Path) -> None:
+    kinds = ("encoder", "recaller") if flat else ("encoder", "recaller", "ranker", "sampler")
+    for kind in kinds:
+        name = getattr(config, kind)
+        if name not in registry.components[kind]:
+            known = ", ".join(sorted(registry.components[kind])) or "none"
+            failed = registry.failed and "; plugins that failed to load: " + ", ".join(f[0] for f in registry.failed)
+            raise XmcError(f"{path}: the model uses {kind} {name!r}, which no installed plugin provides "
+                           f"(installed {kind}s: {known}{failed or ''}); install the plugin that registers "
+                           f"{kind} {name!r} (`xmcbench plugins` lists the loaded ones)")
+
+
+def _check_weights(path: Path, tensors: dict, model: XMCModel) -> None:
+    """Names and shapes in the file against the model model.json describes, before loading anything."""
+    expected = model.state_dict()
+    for name, (_, shape) in tensors.items():
+        if name in expected and list(expected[name].shape) != shape:
+            raise XmcError(f"{path} does not match model.json: tensor {name!r} has shape {shape} but model.json "
+                           f"describes a model that needs {list(expected[name].shape)}; {REDO}")
+
+
+def _describe_names(label: str, names) -> str:
+    names = sorted(names)
+    shown = ", ".join(repr(n) for n in names[:3])
+    return f"{label} {shown}" + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
 def load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, TrainConfig, list[str]]:
-    directory = Path(directory)
+    """Load a model directory (or the model/ folder of a run directory). Every problem with its files ends
+    in one XmcError line that names the file, says what is wrong and what to do."""
+    try:
+        return _load_model_dir(Path(directory), registry)
+    except XmcError as error:
+        message = str(error)
+        if "\n" in message or "\r" in message:
+            raise XmcError(one_line(message)) from None
+        raise
+
+
+def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, TrainConfig, list[str]]:
+    if not directory.exists():
+        raise XmcError(f"{directory} does not exist (give a run directory written by `xmcbench run`)")
     if (directory / "model").is_dir():   # a run directory was given
         directory = directory / "model"
     meta_path = directory / "model.json"
     if not meta_path.exists():
         raise XmcError(f"{directory} is not an xmcbench model: model.json is missing "
                        "(give a run directory written by `xmcbench run`)")
-    try:
-        meta = read_json(meta_path)
-        label_names = read_json(directory / "labels.json")
-    except (OSError, ValueError) as error:
-        raise XmcError(f"cannot read model files in {directory}: {error}") from None
-    if meta.get("schema", 0) > SCHEMA_VERSION:
-        raise XmcError(f"{directory} was written by a newer xmcbench (model schema {meta['schema']}); upgrade xmcbench")
-    config = TrainConfig.from_dict(meta["config"])
-    if len(label_names) != meta["num_labels"]:
-        raise XmcError(f"{directory}: labels.json holds {len(label_names)} labels but the model has "
-                       f"{meta['num_labels']}; the model directory is inconsistent")
+    meta = _read_meta(directory)
     num_labels, num_clusters, width = meta["num_labels"], meta["num_clusters"], meta["cluster_size"]
+    label_names = _read_labels(directory, num_labels)
+    weights = directory / "weights.safetensors"
+    tensors = _safetensors_header(weights)
+    encoder_params = dict(meta["encoder_params"])
+    if ENCODER_FOLDER in encoder_params.values() and not (directory / ENCODER_FOLDER).is_dir():
+        raise XmcError(f"{directory / ENCODER_FOLDER} is missing: the encoder's config and tokenizer are not in "
+                       f"the model directory; {REDO}")
+    _verify_files(directory, meta)
+
+    try:
+        config = TrainConfig.from_dict(meta["config"])
+    except XmcError as error:
+        version = meta.get("xmcbench_version")
+        raise XmcError(f"{meta_path}: {one_line(error)}: the model was written by another xmcbench "
+                       f"({version}) or its description is damaged; upgrade xmcbench or {REDO}") from None
+    flat = width == 1 and num_clusters == num_labels
+    _check_components(registry, config, flat, meta_path)
+
     # placeholder clusters of the saved shapes; the real ones are buffers in the weights
     clusters = LabelClusters(torch.zeros(num_labels, dtype=torch.long),
                              torch.zeros(num_clusters, width, dtype=torch.long))
-    if width == 1 and num_clusters == num_labels:
+    if flat:
         clusters = LabelClusters.from_assignment(torch.arange(num_labels), num_labels)
-    encoder_params = {k: (str(directory / v) if v == "encoder" else v) for k, v in meta["encoder_params"].items()}
-    model = build_model(registry, config, clusters, encoder_params)
-    weights = directory / "weights.safetensors"
-    if not weights.exists():
-        raise XmcError(f"{directory}: weights.safetensors is missing")
+    encoder_params = {k: (str(directory / v) if v == ENCODER_FOLDER else v) for k, v in encoder_params.items()}
+    # every weight comes from weights.safetensors: never let the encoder read a checkpoint of its own
+    if "pretrained_weights" in encoder_params:
+        encoder_params["pretrained_weights"] = False
     try:
-        load_model(model, str(weights), strict=True, device="cpu")
-    except Exception as error:  # safetensors raises several types for truncated or mismatched files
-        raise XmcError(f"{weights} does not match the model it describes: {str(error).splitlines()[0]}") from None
+        model = build_model(registry, dataclasses.replace(config, pretrained_weights=False), clusters,
+                            encoder_params)
+    except XmcError as error:
+        raise XmcError(f"cannot rebuild the model of {directory}: {one_line(error)}; {REDO}") from None
+    _check_weights(weights, tensors, model)
+    try:
+        missing, unexpected = load_model(model, str(weights), strict=False, device="cpu")
+    except Exception as error:  # safetensors raises several types for damaged files
+        raise XmcError(f"{weights} cannot be read: {one_line(error)}; {REDO}") from None
+    if missing or unexpected:
+        parts = ([_describe_names("it lacks", missing)] if missing else []) + \
+                ([_describe_names("it has unexpected tensors", unexpected)] if unexpected else [])
+        raise XmcError(f"{weights} does not match model.json: {'; '.join(parts)}; {REDO}")
+    label_cluster, cluster_labels = model.label_cluster, model.cluster_labels
+    if (len(label_cluster) and (label_cluster.min() < 0 or label_cluster.max() >= num_clusters)) \
+            or cluster_labels.min() < -1 or cluster_labels.max() >= num_labels \
+            or int((cluster_labels >= 0).sum()) != num_labels:
+        raise XmcError(f"{weights} holds label clusters that do not match model.json ({num_labels} labels in "
+                       f"{num_clusters} clusters): the weights are damaged; {REDO}")
     model.eval()
     return model, config, label_names

@@ -38,12 +38,26 @@ class TransformerClsEncoder(Encoder):
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
         path = resolve_model_path(model_name)
+        local = Path(path).is_dir()
+        if local and not (Path(path) / "config.json").is_file():
+            raise XmcError(f"{Path(path) / 'config.json'} is missing: the encoder folder {path} holds no model "
+                           "config, so it is incomplete")
         try:
             model_config = AutoConfig.from_pretrained(path)
             self.tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
-        except OSError as error:
-            raise XmcError(f"cannot load encoder {model_name!r}: {str(error).splitlines()[0]} "
+        except Exception as error:  # a damaged local folder raises OSError, ValueError, KeyError, TypeError...
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            if local:
+                raise XmcError(f"cannot load the encoder folder {path}: its config or tokenizer files are damaged "
+                               f"({type(error).__name__}: {first_line})") from None
+            if not isinstance(error, OSError):
+                raise
+            raise XmcError(f"cannot load encoder {model_name!r}: {first_line} "
                            "(give a local model folder, or a Hub name with internet or a local cache)") from None
+        if local and len(self.tokenizer) <= len(set(self.tokenizer.all_special_ids)):
+            # transformers builds a tokenizer of special tokens only when the vocabulary files are gone
+            raise XmcError(f"the encoder folder {path} holds no tokenizer vocabulary (tokenizer.json, vocab.txt "
+                           "or the like is missing), so it is incomplete")
         if self.tokenizer.pad_token_id is None:
             raise XmcError(f"the tokenizer of {model_name!r} has no padding token; choose another encoder")
         if pretrained_weights:
