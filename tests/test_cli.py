@@ -45,7 +45,7 @@ def test_config_prints_the_resolved_preset_and_overrides():
     (["run", "lightxml", "--set", "epoch=3", "--print-config"], "unknown setting 'epoch': did you mean 'epochs'"),
     (["run", "lightxml", "--set", "epochs=three", "--print-config"], "epochs must be int, got 'three'"),
     (["run", "lightxml", "--dataset", "wiki500k", "--data-dir", "/nonexistent"], "dataset 'wiki500k' not found"),
-    (["predict", "/nonexistent-run"], "is not an xmcbench model"),
+    (["predict", "/nonexistent-run"], "/nonexistent-run does not exist"),
 ])
 def test_user_errors_end_in_one_line(args, message):
     result = xmcbench(*args)

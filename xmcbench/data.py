@@ -13,7 +13,11 @@ Classification Repository's bag of words) are only located here; another module 
 Reading is forgiving where the intent is clear and strict where guessing would change results:
 CRLF line ends, non-UTF-8 bytes, a UTF-8 byte-order mark, duplicate labels on a line, empty texts and empty
 label lines are accepted and counted in ``Dataset.report``; files of different line counts, an empty
-training set and missing files raise ``XmcError`` with a one-line explanation.
+training or test set, a training set without any label, unreadable or corrupt files and missing files raise
+``XmcError`` with a one-line explanation. docs/bad-input.md lists every case.
+
+Non-UTF-8 bytes become U+FFFD in texts, but ``\\xNN`` escapes in label names, so that two labels that differ
+only in their undecodable bytes stay two labels.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import gzip
 import hashlib
 import lzma
 import os
+import zlib
 from dataclasses import dataclass, field
 from importlib.resources.abc import Traversable
 from itertools import chain
@@ -234,8 +239,12 @@ def open_binary(file: PathLike):
                 yield stream
 
 
-def _decode_block(block: bytes, counts: dict[str, int]) -> list[str]:
-    """Lines of a block that ends with b"\\n"; counts repairs into ``counts``."""
+def _decode_block(block: bytes, counts: dict[str, int], errors: str = "replace") -> list[str]:
+    """Lines of a block that ends with b"\\n"; counts repairs into ``counts``.
+
+    errors: how undecodable bytes are repaired: "replace" (U+FFFD, for texts) or "backslashreplace"
+    (``\\xNN``, for label names, so distinct byte sequences stay distinct labels).
+    """
     try:
         text = block.decode("utf-8")
     except UnicodeDecodeError:
@@ -247,7 +256,7 @@ def _decode_block(block: bytes, counts: dict[str, int]) -> list[str]:
                 bad += 1
         counts["non_utf8_lines"] = counts.get("non_utf8_lines", 0) + bad
         # '\n' is ASCII, never part of a multi-byte sequence, so replacement cannot merge or split lines.
-        text = block.decode("utf-8", errors="replace")
+        text = block.decode("utf-8", errors=errors)
     crlf = text.count("\r\n")
     if crlf:
         counts["crlf_lines"] = counts.get("crlf_lines", 0) + crlf
@@ -255,15 +264,19 @@ def _decode_block(block: bytes, counts: dict[str, int]) -> list[str]:
     return text[:-1].split("\n")
 
 
-def _read_lines(file: PathLike, counts: dict[str, int], digest=None) -> list[str]:
-    """All lines of a (possibly compressed) text file, without line ends; feeds the contents to ``digest``."""
+def _read_lines(file: PathLike, counts: dict[str, int], digest=None, errors: str = "replace") -> list[str]:
+    """All lines of a (possibly compressed) text file, without line ends; feeds the contents to ``digest``.
+
+    errors: the repair of non-UTF-8 bytes (see ``_decode_block``).
+    """
     lines: list[str] = []
     pending = bytearray()  # bytes after the last newline seen so far
     first = True
     try:
         with open_binary(file) as stream:
             while True:
-                chunk = stream.read(_BLOCK_BYTES)
+                # the first read holds at least the 3 bytes of a byte-order mark, whatever the block size
+                chunk = stream.read(max(_BLOCK_BYTES, len(_BOM)) if first else _BLOCK_BYTES)
                 if not chunk:
                     break
                 if digest is not None:
@@ -279,11 +292,12 @@ def _read_lines(file: PathLike, counts: dict[str, int], digest=None) -> list[str
                     continue
                 block = bytes(pending) + chunk[:cut] if pending else chunk[:cut]
                 pending = bytearray(chunk[cut:])
-                lines.extend(_decode_block(block, counts))
-    except (OSError, EOFError, lzma.LZMAError) as err:  # gzip.BadGzipFile is an OSError
+                lines.extend(_decode_block(block, counts, errors))
+    # gzip.BadGzipFile is an OSError; a corrupt deflate stream inside a .gz raises zlib.error
+    except (OSError, EOFError, lzma.LZMAError, zlib.error) as err:
         raise XmcError(f"cannot read {file}: {err}; check the file, or re-download / decompress it by hand") from None
     if pending:  # last line without a trailing newline
-        lines.extend(_decode_block(bytes(pending) + b"\n", counts))
+        lines.extend(_decode_block(bytes(pending) + b"\n", counts, errors))
     return lines
 
 
@@ -296,9 +310,10 @@ def read_label_lines(path: PathLike) -> list[list[str]]:
     """Labels of a label file, one whitespace-separated list per line: (N,) lists of str.
 
     Labels are returned as written (duplicates included); ``load_dataset`` keeps each label once per document.
+    Undecodable bytes in a label name become ``\\xNN`` escapes, as in ``load_dataset``.
     """
     with _gc_paused():
-        return list(map(str.split, _read_lines(path, {})))
+        return list(map(str.split, _read_lines(path, {}, errors="backslashreplace")))
 
 
 def _label_matrix(rows: list[list[str]], vocab: dict[str, int], width: int) -> tuple[sp.csr_matrix, int]:
@@ -340,8 +355,12 @@ def _load(spec: DatasetSpec, folder: Traversable | Path) -> Dataset:
 
     def read(role: str) -> list[str]:
         digest = hashlib.sha256()
-        lines = _read_lines(files[role], counts, digest)
-        digests.append(f"{role} {digest.hexdigest()}\n")
+        errors = "backslashreplace" if role.endswith("_labels") else "replace"
+        repaired = counts.get("non_utf8_lines", 0)
+        lines = _read_lines(files[role], counts, digest, errors)
+        # Label names from repaired bytes changed once (U+FFFD -> \xNN): a new version keeps old caches unused.
+        repaired = f" {errors}" if counts.get("non_utf8_lines", 0) > repaired and errors != "replace" else ""
+        digests.append(f"{role} {digest.hexdigest()}{repaired}\n")
         return lines
 
     split_data = {}
@@ -349,9 +368,11 @@ def _load(spec: DatasetSpec, folder: Traversable | Path) -> Dataset:
         texts = read(f"{split}_texts")
         label_lines = read(f"{split}_labels")
         if len(texts) != len(label_lines):
+            longer = files[f"{split}_texts"] if len(texts) > len(label_lines) else files[f"{split}_labels"]
             raise XmcError(
                 f"{files[f'{split}_texts']} has {len(texts)} lines but {files[f'{split}_labels']} has "
-                f"{len(label_lines)}; the files must be line-aligned (one document per line in both)"
+                f"{len(label_lines)}: line {min(len(texts), len(label_lines)) + 1} of {longer} has no partner; "
+                f"the files must be line-aligned (one document per line in both)"
             )
         _count(counts, "empty_texts", sum(1 for t in texts if not t or t.isspace()))
         rows = list(map(str.split, label_lines))
@@ -364,6 +385,12 @@ def _load(spec: DatasetSpec, folder: Traversable | Path) -> Dataset:
     if not train_texts:
         raise XmcError(f"dataset '{spec.name}' has no training documents: {files['train_texts']} is empty; "
                        f"fill it with one document per line")
+    if not test_texts:
+        raise XmcError(f"dataset '{spec.name}' has no test documents: {files['test_texts']} is empty; "
+                       f"fill it with one document per line (a run scores its model on the test set)")
+    if not any(train_rows):
+        raise XmcError(f"dataset '{spec.name}' has no training labels: every line of {files['train_labels']} "
+                       f"is empty; put each document's labels on its line, separated by spaces")
 
     train_vocab = sorted(set(chain.from_iterable(train_rows)))
     test_only = sorted(set(chain.from_iterable(test_rows)).difference(train_vocab))
