@@ -26,11 +26,11 @@ DRIVER = textwrap.dedent("""
     action, at_step = sys.argv[1], int(sys.argv[2])
     original_step, original_save = pipeline.Trainer.train_step, checkpoint.save_file
 
-    def train_step(self, rows):
+    def train_step(self, rows, stage):
         if action == "nan" and self.step + 1 == at_step:
             original_loss = self.model.training_loss
             self.model.training_loss = lambda *a: (original_loss(*a)[0] * float("nan"), {})
-        record = original_step(self, rows)
+        record = original_step(self, rows, stage)
         if self.step == at_step and action in ("kill", "interrupt"):
             os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGINT)
         return record
@@ -137,3 +137,23 @@ def test_resume_refuses_a_finished_run(reference, tiny_model_dir, tmp_path):
     assert xmcbench(*run_args(tiny_model_dir, dataset, output)).returncode == 0
     result = xmcbench("run", "--resume", str(output))
     assert result.returncode == 2 and "finished run: nothing to resume" in result.stderr
+
+
+def test_resume_inside_a_later_stage_of_a_static_method(reference, tiny_model_dir, tmp_path):
+    """Stage 2 of lightxml-static reads candidates frozen at its start: they must come back from the
+    checkpoint, not be recomputed from the half-trained encoder."""
+    dataset, _ = reference
+    args = lambda output: [a.replace("lightxml", "lightxml-static") if a == "lightxml" else a
+                           for a in run_args(tiny_model_dir, dataset, output)]
+    assert xmcbench(*args(tmp_path / "static-reference")).returncode == 0
+    expected = outcome(tmp_path / "static-reference")
+    stages = [s.get("stage") for s in json.loads((tmp_path / "static-reference" / "training_log.json")
+                                                 .read_text())["steps"]]
+    assert stages[21] == "rank" and stages.count("rank") == 15
+    output = tmp_path / "static"
+    stopped = xmcbench(*args(output), driver=["kill", "23"])
+    assert stopped.returncode == -signal.SIGKILL
+    resumed = xmcbench("run", "--resume", str(output))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "at step 22" in resumed.stderr
+    assert_same(outcome(output), expected)

@@ -39,8 +39,10 @@ class TrainConfig:
     auto_cluster_size: int = 64
     top_clusters: int = 10         # b: clusters recalled per document
     hidden_size: int = 300         # h: the ranker's bottleneck
+    separate_ranker_encoder: bool = False   # the ranker reads a second encoder of its own
     # training
     epochs: int = 5
+    refit_epochs: int = 1          # epochs of a stage that refits the recaller on a frozen encoder
     batch_size: int = 16
     eval_batch_size: int = 64
     lr: float = 1e-4
@@ -71,14 +73,49 @@ class TrainConfig:
         return apply_overrides(cls(), values, source="saved config")
 
 
+TRAINABLE_PARTS = ("encoder", "ranker_encoder", "recaller", "ranker")
+LOSS_PARTS = ("recall", "rank")
+STAGE_STARTS = (None, "copy-encoder-to-ranker-encoder")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One phase of training: which parts learn, which losses count, for how many epochs.
+
+    trains: parts whose parameters update (others are frozen; a frozen encoder also runs without
+        dropout or gradients). losses: "recall" (cluster BCE) and/or "rank" (candidate BCE).
+    epochs_key: the TrainConfig field holding this stage's epochs.
+    start: what the pipeline does when the stage begins, besides calling the sampler's start_stage:
+        None, or "copy-encoder-to-ranker-encoder" (the ranker's own encoder starts from the shared one).
+    """
+
+    name: str
+    trains: tuple[str, ...] = ("encoder", "ranker_encoder", "recaller", "ranker")
+    losses: tuple[str, ...] = ("recall", "rank")
+    epochs_key: str = "epochs"
+    start: str | None = None
+
+    def __post_init__(self) -> None:
+        unknown = [p for p in self.trains if p not in TRAINABLE_PARTS] + \
+                  [l for l in self.losses if l not in LOSS_PARTS]
+        if unknown or self.start not in STAGE_STARTS or not self.losses:
+            raise XmcError(f"stage {self.name!r} is malformed: trains {self.trains}, losses {self.losses}, "
+                           f"start {self.start!r}; parts are {TRAINABLE_PARTS}, losses {LOSS_PARTS}")
+
+
+JOINT_TRAINING = (Stage("joint"),)
+
+
 @dataclass(frozen=True)
 class MethodSpec:
-    """A named recipe: one component per kind plus default hyperparameters and per-dataset presets."""
+    """A named recipe: one component per kind plus default hyperparameters, per-dataset presets, and
+    the training stages (one joint stage unless the method says otherwise; the pipeline runs them)."""
 
     name: str
     description: str
     defaults: dict[str, Any] = field(default_factory=dict)
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stages: tuple[Stage, ...] = JOINT_TRAINING
 
 
 def _field_types() -> dict[str, Any]:

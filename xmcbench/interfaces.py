@@ -10,9 +10,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from xmcbench.config import Stage
 
 
 @dataclass
@@ -100,11 +104,36 @@ class Recaller(nn.Module, ABC):
         return nn.functional.binary_cross_entropy_with_logits(logits.float(), cluster_targets)
 
 
+@dataclass
+class StageContext:
+    """What a sampler may use when a training stage begins.
+
+    num_documents: N, the training documents (doc_index values are 0..N-1).
+    recalled_clusters(top) -> (N, top) long: each training document's top clusters under the current
+        recaller (computed in eval mode, without gradients).
+    """
+
+    stage: "Stage"           # xmcbench.config.Stage: its name, the parts it trains, the losses it counts
+    num_documents: int
+    recalled_clusters: Callable[[int], torch.Tensor]
+
+
 class Sampler(nn.Module, ABC):
     """Training only: decides which candidate labels the ranker sees, and their 0/1 targets.
 
     Contract: every positive label of a document is among its candidates, exactly once.
+    Samplers that keep per-document state (e.g. frozen candidates) fill it in `start_stage` and expose it
+    through `training_state`/`load_training_state`, so checkpoints carry it; it is not part of the model.
     """
+
+    def start_stage(self, context: StageContext) -> None:
+        """Called when a training stage begins (not when a checkpoint resumes inside one)."""
+
+    def training_state(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_training_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore what training_state returned."""
 
     @abstractmethod
     def forward(self, recall_logits: torch.Tensor, positives: torch.Tensor, clusters: LabelClusters,

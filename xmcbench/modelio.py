@@ -46,11 +46,13 @@ def build_model(registry: Registry, config: TrainConfig, clusters: LabelClusters
     """Instantiate the configured components around `clusters`. encoder_params come from Encoder.export."""
     encoder = registry.component("encoder", config.encoder)(config, **(encoder_params or {}))
     recaller = registry.component("recaller", config.recaller)(config, encoder.out_dim, clusters.num_clusters)
-    ranker = sampler = None
+    ranker = sampler = ranker_encoder = None
     if not clusters.is_flat:
         ranker = registry.component("ranker", config.ranker)(config, encoder.out_dim, clusters.num_labels)
         sampler = registry.component("sampler", config.sampler)(config)
-    return XMCModel(encoder, recaller, ranker, sampler, clusters)
+        if config.separate_ranker_encoder:
+            ranker_encoder = registry.component("encoder", config.encoder)(config, **(encoder_params or {}))
+    return XMCModel(encoder, recaller, ranker, sampler, clusters, ranker_encoder)
 
 
 # -- saving -----------------------------------------------------------------------------------------

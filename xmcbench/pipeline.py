@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from xmcbench.candidates import expand_clusters
-from xmcbench.config import TrainConfig
+from xmcbench.config import JOINT_TRAINING, Stage, TrainConfig
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import Encoder, LabelClusters, Ranker, Recaller, Sampler
 from xmcbench.progress import progress_bar
@@ -29,12 +29,16 @@ from xmcbench.tokenization import TokenizedTexts
 
 
 class XMCModel(nn.Module):
-    """Encoder + recaller (+ ranker and sampler unless flat) + the label clusters as buffers."""
+    """Encoder + recaller (+ ranker and sampler unless flat) + the label clusters as buffers.
+
+    ranker_encoder: an optional second encoder whose representation only the ranker reads (the paper's
+    BS ablation); by default the ranker reads the shared encoder's."""
 
     def __init__(self, encoder: Encoder, recaller: Recaller, ranker: Ranker | None, sampler: Sampler | None,
-                 clusters: LabelClusters) -> None:
+                 clusters: LabelClusters, ranker_encoder: Encoder | None = None) -> None:
         super().__init__()
         self.encoder, self.recaller, self.ranker, self.sampler = encoder, recaller, ranker, sampler
+        self.ranker_encoder = ranker_encoder
         self.register_buffer("label_cluster", clusters.label_cluster.clone())
         self.register_buffer("cluster_labels", clusters.cluster_labels.clone())
         self.is_flat = clusters.is_flat
@@ -45,23 +49,37 @@ class XMCModel(nn.Module):
     def clusters(self) -> LabelClusters:
         return LabelClusters(self.label_cluster, self.cluster_labels)
 
-    def training_loss(self, input_ids, attention_mask, positives, doc_index) -> tuple[torch.Tensor, dict]:
+    def parts(self) -> dict[str, nn.Module]:
+        """The trainable parts by name (see config.TRAINABLE_PARTS); absent ones are left out."""
+        named = {"encoder": self.encoder, "ranker_encoder": self.ranker_encoder, "recaller": self.recaller,
+                 "ranker": self.ranker}
+        return {name: part for name, part in named.items() if part is not None}
+
+    def training_loss(self, input_ids, attention_mask, positives, doc_index,
+                      stage: Stage = JOINT_TRAINING[0]) -> tuple[torch.Tensor, dict]:
         """(B, T) ids and mask, positives (B, P) label ids padded with -1, doc_index (B,)
-        -> (scalar loss, {"recall": float, "rank": float})."""
-        representation = self.encoder(input_ids, attention_mask)              # (B, D)
+        -> (scalar loss, {"recall": tensor, "rank": tensor}) with the losses `stage` counts."""
+        with torch.set_grad_enabled("encoder" in stage.trains and torch.is_grad_enabled()):
+            representation = self.encoder(input_ids, attention_mask)          # (B, D)
         recall_logits = self.recaller(representation)                        # (B, K)
-        valid = positives >= 0
-        rows = torch.arange(len(positives), device=positives.device).unsqueeze(1).expand_as(positives)
-        cluster_targets = torch.zeros(recall_logits.shape, device=recall_logits.device)
-        cluster_targets[rows[valid], self.label_cluster[positives[valid]]] = 1.0
-        recall_loss = self.recaller.loss(recall_logits, cluster_targets)
-        if self.is_flat:
-            return recall_loss, {"recall": recall_loss.detach()}
-        candidates = self.sampler(recall_logits.detach(), positives, self.clusters, doc_index)
-        rank_logits = self.ranker(representation, candidates.labels)          # (B, C)
-        rank_loss = nn.functional.binary_cross_entropy_with_logits(
-            rank_logits.float()[candidates.mask], candidates.targets[candidates.mask])
-        return recall_loss + rank_loss, {"recall": recall_loss.detach(), "rank": rank_loss.detach()}
+        total, parts = 0.0, {}
+        if "recall" in stage.losses:
+            valid = positives >= 0
+            rows = torch.arange(len(positives), device=positives.device).unsqueeze(1).expand_as(positives)
+            cluster_targets = torch.zeros(recall_logits.shape, device=recall_logits.device)
+            cluster_targets[rows[valid], self.label_cluster[positives[valid]]] = 1.0
+            recall_loss = self.recaller.loss(recall_logits, cluster_targets)
+            total, parts["recall"] = recall_loss, recall_loss.detach()
+        if "rank" in stage.losses and not self.is_flat:
+            candidates = self.sampler(recall_logits.detach(), positives, self.clusters, doc_index)
+            if self.ranker_encoder is not None:
+                with torch.set_grad_enabled("ranker_encoder" in stage.trains and torch.is_grad_enabled()):
+                    representation = self.ranker_encoder(input_ids, attention_mask)
+            rank_logits = self.ranker(representation, candidates.labels)      # (B, C)
+            rank_loss = nn.functional.binary_cross_entropy_with_logits(
+                rank_logits.float()[candidates.mask], candidates.targets[candidates.mask])
+            total, parts["rank"] = total + rank_loss, rank_loss.detach()
+        return total, parts
 
     @torch.no_grad()
     def predict_top(self, input_ids, attention_mask, top_clusters: int, top_k: int):
@@ -74,6 +92,8 @@ class XMCModel(nn.Module):
             return _pad_right(labels, scores, top_k), None
         cluster_scores, recalled = recall_scores.topk(min(top_clusters, recall_scores.shape[1]), dim=1)
         candidates = expand_clusters(recalled, torch.ones_like(recalled, dtype=torch.bool), self.clusters)
+        if self.ranker_encoder is not None:
+            representation = self.ranker_encoder(input_ids, attention_mask)
         rank_scores = torch.sigmoid(self.ranker(representation, candidates.labels).float())   # (B, C)
         scores = recall_scores.gather(1, candidates.clusters) * rank_scores
         scores = torch.where(candidates.mask, scores, -1.0)
@@ -177,9 +197,11 @@ def build_optimizers(model: XMCModel, config: TrainConfig) -> list[torch.optim.O
         no_decay = parameter.ndim < 2 or "LayerNorm" in name or "layer_norm" in name or name.endswith(".bias")
         lr = config.lr if name.startswith("encoder.") else head_lr
         groups.setdefault((lr, 0.0 if no_decay else config.weight_decay), []).append(parameter)
-    optimizers: list[torch.optim.Optimizer] = [torch.optim.AdamW(
-        [{"params": params, "lr": lr, "weight_decay": decay} for (lr, decay), params in groups.items()],
-        lr=config.lr)]
+    optimizers: list[torch.optim.Optimizer] = []
+    if groups:
+        optimizers.append(torch.optim.AdamW(
+            [{"params": params, "lr": lr, "weight_decay": decay} for (lr, decay), params in groups.items()],
+            lr=config.lr))
     if sparse:
         optimizers.append(torch.optim.SparseAdam(sparse, lr=head_lr))
     return optimizers
@@ -190,37 +212,51 @@ class TrainingInterrupted(XmcError):
 
 
 class Trainer:
-    """Owns the training loop and everything needed to continue it exactly after a stop: model,
-    optimizers, scaler, SWA average, position in the data order, RNG states, log and best state.
+    """Owns the training loop and everything needed to continue it exactly after a stop: stage and
+    position in the data order, model, optimizers, scaler, SWA average, sampler state, RNG states, log
+    and best state.
 
     labels: (N, L) 0/1 csr of the training documents, rows aligned with `tokens`.
-    validate(model) -> a score to maximise, called on the model to use after each epoch.
+    stages: the method's training stages, run in order (one joint stage by default). Each stage gets
+        fresh optimizers over the parts it trains and its own SWA average, folded into the model at its end.
+    validate(model) -> a score to maximise, called on the model to use after each epoch of the last stage.
     checkpoint_dir: where checkpoints go (every config.checkpoint_every_steps steps, every
-    config.checkpoint_every_epochs epochs, on Ctrl-C and at the end); None: no checkpoints.
+        config.checkpoint_every_epochs epochs, on Ctrl-C and at the end); None: no checkpoints.
     """
 
     def __init__(self, model: XMCModel, tokens: TokenizedTexts, labels: sp.csr_matrix, config: TrainConfig,
                  device: torch.device, validate: Callable[[nn.Module], float] | None = None,
-                 checkpoint_dir=None) -> None:
+                 checkpoint_dir=None, stages: tuple[Stage, ...] = JOINT_TRAINING) -> None:
         self.model, self.tokens, self.labels, self.config, self.device = model, tokens, labels, config, device
-        self.validate, self.checkpoint_dir = validate, checkpoint_dir
+        self.validate, self.checkpoint_dir, self.stages = validate, checkpoint_dir, stages
+        if model.is_flat and any("rank" in stage.losses and "recall" not in stage.losses for stage in stages):
+            raise XmcError("this method trains a ranker in a stage of its own, which needs label clusters: "
+                           "set cluster_size above 1 (e.g. --set cluster_size=8)")
         model.to(device)
-        model.train()
-        self.optimizers = build_optimizers(model, config)
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.frozen: list[nn.Module] = []
         self.scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and config.amp)
-        self.swa_model = None   # the running average, created at the first SWA update (it holds a model copy)
+        self.swa_model = None   # the stage's running average, created at its first SWA update (a model copy)
         self.rng = np.random.default_rng(config.seed)
         self.epoch_rng_state: dict | None = None   # the data-order RNG as it was when this epoch began
         self.log = TrainingLog()
         self.best_score, self.best_state = -float("inf"), None
+        self.stage_index, self.stage_started = 0, False
         self.epoch = self.batch_in_epoch = self.step = 0
         self.stop_requested = False
 
+    @property
+    def stage(self) -> Stage:
+        return self.stages[self.stage_index]
+
     # -- state ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        sampler = self.model.sampler
         return {
-            "position": {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "step": self.step},
+            "position": {"stage": self.stage_index, "stage_started": self.stage_started, "epoch": self.epoch,
+                         "batch_in_epoch": self.batch_in_epoch, "step": self.step},
             "model": self.model.state_dict(),
+            "sampler": sampler.training_state() if sampler is not None else {},
             "optimizers": [optimizer.state_dict() for optimizer in self.optimizers],
             "scaler": self.scaler.state_dict(),
             "swa": self.swa_model.state_dict() if self.swa_model is not None else None,
@@ -234,10 +270,15 @@ class Trainer:
 
     def load_state_dict(self, state: dict) -> None:
         position = state["position"]
+        self.stage_index, self.stage_started = position["stage"], position["stage_started"]
         self.epoch, self.batch_in_epoch, self.step = position["epoch"], position["batch_in_epoch"], position["step"]
         self.model.load_state_dict(state["model"])
-        for optimizer, optimizer_state in zip(self.optimizers, state["optimizers"]):
-            optimizer.load_state_dict(optimizer_state)
+        if self.model.sampler is not None:
+            self.model.sampler.load_training_state(state["sampler"])
+        if self.stage_started:
+            self._configure(self.stage)
+            for optimizer, optimizer_state in zip(self.optimizers, state["optimizers"]):
+                optimizer.load_state_dict(optimizer_state)
         if state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         if state["swa"] is not None:
@@ -246,8 +287,8 @@ class Trainer:
         rng = state["rng"]
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
-        name, keys, position, has_gauss, cached = rng["numpy_global"]
-        np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+        name, keys, numpy_position, has_gauss, cached = rng["numpy_global"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), numpy_position, has_gauss, cached))
         if rng["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         self.epoch_rng_state = rng["data_order"]
@@ -261,60 +302,123 @@ class Trainer:
 
             save_checkpoint(self.checkpoint_dir, self.state_dict(), self.step)
 
+    # -- stages --------------------------------------------------------------------------------------
+    def _configure(self, stage: Stage) -> None:
+        """Freeze what the stage does not train and build optimizers over the rest."""
+        self.frozen = []
+        for name, part in self.model.parts().items():
+            part.requires_grad_(name in stage.trains)
+            if name not in stage.trains:
+                self.frozen.append(part)
+        self.optimizers = build_optimizers(self.model, self.config)
+        self._train_mode()
+
+    def _train_mode(self) -> None:
+        """Training mode, except frozen parts, which run without dropout."""
+        self.model.train()
+        for part in self.frozen:
+            part.eval()
+
+    def _begin_stage(self, stage: Stage) -> None:
+        if stage.start == "copy-encoder-to-ranker-encoder":
+            if self.model.ranker_encoder is None:
+                raise XmcError(f"stage {stage.name!r} copies the encoder into the ranker's own encoder, but the "
+                               "model has none: set separate_ranker_encoder=true")
+            self.model.ranker_encoder.load_state_dict(self.model.encoder.state_dict())
+        self._configure(stage)
+        self.swa_model = None
+        if self.model.sampler is not None:
+            from xmcbench.interfaces import StageContext
+
+            self.model.sampler.start_stage(StageContext(stage, len(self.tokens), self._recalled_clusters))
+            self._train_mode()
+        self.stage_started = True
+
+    def _end_stage(self) -> None:
+        """Fold the stage's SWA average into the model, so the next stage (or the result) starts from it."""
+        if self.swa_model is not None:
+            self.model.load_state_dict(self.swa_model.module.state_dict())
+            self.swa_model = None
+        self.stage_index, self.stage_started, self.epoch, self.batch_in_epoch = self.stage_index + 1, False, 0, 0
+
+    @torch.no_grad()
+    def _recalled_clusters(self, top: int) -> torch.Tensor:
+        """(N, top) long: every training document's top clusters under the current encoder and recaller."""
+        self.model.eval()
+        order = np.argsort(self.tokens.lengths, kind="stable")
+        recalled = torch.zeros((len(order), min(top, self.model.recaller.num_clusters)), dtype=torch.long)
+        for start in range(0, len(order), self.config.eval_batch_size):
+            rows = order[start:start + self.config.eval_batch_size]
+            input_ids, attention_mask = self.tokens.batch(rows)
+            with autocast(self.device, self.config):
+                logits = self.model.recaller(self.model.encoder(input_ids.to(self.device),
+                                                                attention_mask.to(self.device)))
+            recalled[torch.from_numpy(rows)] = logits.float().topk(recalled.shape[1], dim=1).indices.cpu()
+        self._train_mode()
+        return recalled
+
     # -- the loop ------------------------------------------------------------------------------------
     def fit(self) -> tuple[nn.Module, TrainingLog]:
-        """Train (or continue) to config.epochs; return the model to use (the SWA average once SWA has
-        started, or the best epoch under `validate`) in eval mode, and the log."""
+        """Train (or continue) through every stage; return the model to use (SWA-averaged where SWA ran,
+        or the best epoch under `validate`) in eval mode, and the log."""
         with _stop_on_interrupt(self):
-            while self.epoch < self.config.epochs:
-                self.run_epoch()
+            while self.stage_index < len(self.stages):
+                stage = self.stage
+                if not self.stage_started:
+                    self._begin_stage(stage)
+                while self.epoch < getattr(self.config, stage.epochs_key):
+                    self.run_epoch(stage)
+                self._end_stage()
             self.save_checkpoint()
-        final = self.model_to_use()
+        final = self.model
         if self.best_state is not None:
             final.load_state_dict(self.best_state)
         final.eval()
         return final, self.log
 
-    def run_epoch(self) -> None:
+    def run_epoch(self, stage: Stage) -> None:
         config = self.config
+        epochs = getattr(config, stage.epochs_key)
         if self.batch_in_epoch == 0:
             self.epoch_rng_state = copy.deepcopy(self.rng.bit_generator.state)
         else:   # continuing a checkpoint: replay this epoch's data order, then skip what was done
             self.rng.bit_generator.state = copy.deepcopy(self.epoch_rng_state)
         batches = epoch_batches(self.tokens.lengths, config.batch_size, self.rng, config.length_bucketing)
         epoch_loss, done_before = 0.0, self.batch_in_epoch
-        with progress_bar(f"epoch {self.epoch + 1}/{config.epochs}", total=len(batches)) as advance:
+        label = f"{stage.name} " if len(self.stages) > 1 else ""
+        with progress_bar(f"{label}epoch {self.epoch + 1}/{epochs}", total=len(batches)) as advance:
             advance(done_before)
             for rows in batches[done_before:]:
-                record = self.train_step(rows)
+                record = self.train_step(rows, stage)
                 epoch_loss += record["loss"]
                 advance(1, mean_loss=epoch_loss / (self.batch_in_epoch - done_before))
                 if config.checkpoint_every_steps and self.step % config.checkpoint_every_steps == 0:
                     self.save_checkpoint()
                 if self.stop_requested:
                     self.save_checkpoint()
-                    raise TrainingInterrupted(f"interrupted at step {self.step} (epoch {self.epoch + 1}); "
+                    raise TrainingInterrupted(f"interrupted at step {self.step} ({label}epoch {self.epoch + 1}); "
                                               "a checkpoint was written")
-        if self.validate is not None:
+        last_stage = self.stage_index == len(self.stages) - 1
+        if self.validate is not None and last_stage:
             candidate = self.model_to_use()
             score = self.validate(candidate)
-            self.model.train()
+            self._train_mode()
             self.log.validation.append({"epoch": self.epoch + 1, "score": score})
             if score > self.best_score:
                 self.best_score, self.log.selected_epoch = score, self.epoch + 1
                 self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in candidate.state_dict().items()}
         self.epoch, self.batch_in_epoch = self.epoch + 1, 0
         if config.checkpoint_every_epochs and self.epoch % config.checkpoint_every_epochs == 0 \
-                and self.epoch < config.epochs:
+                and not (last_stage and self.epoch == epochs):
             self.save_checkpoint()
 
-    def train_step(self, rows: np.ndarray) -> dict:
+    def train_step(self, rows: np.ndarray, stage: Stage = JOINT_TRAINING[0]) -> dict:
         config, device, model = self.config, self.device, self.model
         input_ids, attention_mask = self.tokens.batch(rows)
         positives = padded_positives(self.labels, rows)
         with autocast(device, config):
             loss, parts = model.training_loss(input_ids.to(device), attention_mask.to(device),
-                                              positives.to(device), torch.from_numpy(rows).to(device))
+                                              positives.to(device), torch.from_numpy(rows).to(device), stage)
         if not torch.isfinite(loss):
             kept = f"; the last good checkpoint is in {self.checkpoint_dir}" if self.checkpoint_dir else ""
             raise XmcError(f"training diverged: the loss is {loss.item()} at step {self.step + 1} "
@@ -329,6 +433,8 @@ class Trainer:
         self.batch_in_epoch += 1
         record = {"step": self.step, "epoch": self.epoch + 1, "loss": loss.item(),
                   **{name: value.item() for name, value in parts.items()}}
+        if len(self.stages) > 1:
+            record["stage"] = stage.name
         self.log.steps.append(record)
         if config.swa and self.epoch >= config.swa_start_epoch and self.step % config.swa_every_steps == 0:
             if self.swa_model is None:
@@ -338,9 +444,7 @@ class Trainer:
         return record
 
     def model_to_use(self) -> XMCModel:
-        if self.swa_model is not None and self.log.swa_updates > 0:
-            return self.swa_model.module
-        return self.model
+        return self.swa_model.module if self.swa_model is not None else self.model
 
 
 def _numpy_global_state() -> list:

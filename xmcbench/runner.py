@@ -251,7 +251,7 @@ def run(plan: Plan, output: Path | None = None, data_dir: Path | None = None, ov
         write_run_config(output, plan, dataset, config, clusters, threads, device, train_rows, validation_rows,
                          registry)
     trainer = Trainer(model, subset(train_tokens, train_rows), dataset.train_labels[train_rows], config, device,
-                      validate, checkpoint_dir=output / "checkpoints")
+                      validate, checkpoint_dir=output / "checkpoints", stages=registry.method(plan.method).stages)
     if resume:
         state = load_checkpoint(output / "checkpoints")
         if state is not None:
@@ -323,11 +323,10 @@ def plot_loss(path: Path, steps: list[dict]) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4))
-    if steps:
-        x = [s["step"] for s in steps]
-        for key in ("loss", "recall", "rank"):
-            if key in steps[0]:
-                axes.plot(x, [s[key] for s in steps], label=key, linewidth=1)
+    for key in ("loss", "recall", "rank"):   # a multi-stage method logs each part only where it counts
+        points = [(s["step"], s[key]) for s in steps if key in s]
+        if points:
+            axes.plot(*zip(*points), label=key, linewidth=1)
     axes.set_xlabel("step")
     axes.set_ylabel("training loss (BCE)")
     axes.set_yscale("log")

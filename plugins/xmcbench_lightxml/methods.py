@@ -5,7 +5,7 @@ length, bottleneck h, clusters, recalled clusters b, SWA schedule). The original
 `epoch + 5` epochs; these are the epochs the paper states.
 """
 
-from xmcbench.config import MethodSpec
+from xmcbench.config import MethodSpec, Stage
 
 LIGHTXML_DEFAULTS = {
     "encoder": "transformer-cls",
@@ -45,13 +45,61 @@ DEBIAN_PRESETS = {
 }
 
 
+# The paper describes its static-sampling ablations in one sentence each; this is how we read them.
+# S: "negatives are static". Stage 1 trains encoder + recaller (recall loss only). Its top-b clusters for
+#    every training document are then computed once and frozen (the `static` sampler). Stage 2 trains the
+#    ranker and the shared encoder on those fixed candidates plus the positives (rank loss only). Because
+#    stage 2 moved the encoder, stage 3 refits the recaller on the frozen encoder (refit_epochs), so one
+#    encoder serves both at prediction time and the model has lightxml's size.
+# BS: as S, but the ranker reads a second encoder of its own, initialised from the stage-1 encoder and
+#    fine-tuned in stage 2; the recaller keeps the stage-1 encoder, so no refit is needed (twice the size).
+STATIC_STAGES = (
+    Stage("recall", trains=("encoder", "recaller"), losses=("recall",)),
+    Stage("rank", trains=("encoder", "ranker"), losses=("rank",)),
+    Stage("recall-refit", trains=("recaller",), losses=("recall",), epochs_key="refit_epochs"),
+)
+STATIC_BS_STAGES = (
+    Stage("recall", trains=("encoder", "recaller"), losses=("recall",)),
+    Stage("rank", trains=("ranker_encoder", "ranker"), losses=("rank",), start="copy-encoder-to-ranker-encoder"),
+)
+
+
 def lightxml_methods() -> list[MethodSpec]:
+    presets = {**PAPER_PRESETS, **DEBIAN_PRESETS}
     return [
         MethodSpec(
             name="lightxml",
             description="LightXML: multi-layer [CLS] transformer, cluster recaller, bottleneck ranker, "
                         "dynamic negative sampling (Jiang et al., AAAI 2021)",
             defaults=LIGHTXML_DEFAULTS,
-            presets={**PAPER_PRESETS, **DEBIAN_PRESETS},
+            presets=presets,
+        ),
+        MethodSpec(
+            name="lightxml-1layer",
+            description="LightXML with the [CLS] state of the last layer only (the paper's single-layer ablation)",
+            defaults={**LIGHTXML_DEFAULTS, "num_layers": 1},
+            presets=presets,
+        ),
+        MethodSpec(
+            name="lightxml-static",
+            description="LightXML with static negatives (the paper's S): recaller first, its top clusters frozen, "
+                        "then the ranker on the shared encoder, then the recaller refitted on the frozen encoder",
+            defaults={**LIGHTXML_DEFAULTS, "sampler": "static"},
+            presets=presets,
+            stages=STATIC_STAGES,
+        ),
+        MethodSpec(
+            name="lightxml-static-bs",
+            description="LightXML with static negatives and a second encoder for the ranker (the paper's BS)",
+            defaults={**LIGHTXML_DEFAULTS, "sampler": "static", "separate_ranker_encoder": True},
+            presets=presets,
+            stages=STATIC_BS_STAGES,
+        ),
+        MethodSpec(
+            name="lightxml-random-neg",
+            description="LightXML with negatives drawn uniformly from non-positive clusters each step "
+                        "(no recaller guidance; beyond the paper)",
+            defaults={**LIGHTXML_DEFAULTS, "sampler": "random"},
+            presets=presets,
         ),
     ]

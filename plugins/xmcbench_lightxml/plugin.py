@@ -6,7 +6,7 @@ from xmcbench_lightxml.encoder import build_transformer_cls
 from xmcbench_lightxml.methods import lightxml_methods
 from xmcbench_lightxml.ranker import build_bottleneck
 from xmcbench_lightxml.recaller import build_cluster_linear
-from xmcbench_lightxml.sampler import build_dynamic
+from xmcbench_lightxml.sampler import build_dynamic, build_random, build_static
 
 
 @hookimpl
@@ -15,6 +15,8 @@ def xmcbench_register_components(registry):
     registry.add_component("recaller", "cluster-linear", build_cluster_linear)
     registry.add_component("ranker", "bottleneck", build_bottleneck)
     registry.add_component("sampler", "dynamic", build_dynamic)
+    registry.add_component("sampler", "static", build_static)
+    registry.add_component("sampler", "random", build_random)
 
 
 @hookimpl

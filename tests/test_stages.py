@@ -1,0 +1,154 @@
+"""Multi-stage methods (the paper's static-sampling ablations) through the one training loop."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from xmcbench import runner
+from xmcbench.config import Stage
+from xmcbench.errors import XmcError
+from xmcbench.interfaces import LabelClusters
+from xmcbench.modelio import build_model
+from xmcbench.pipeline import Trainer
+from xmcbench.registry import build_registry
+from xmcbench.tokenization import tokenize
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return build_registry()
+
+
+def tiny_setup(registry, tiny_model_dir, method, tiny_dataset, **extra):
+    settings = {"model_name": str(tiny_model_dir), "pretrained_weights": "false", "num_layers": 2, "epochs": 2,
+                "batch_size": 8, "max_length": 32, "hidden_size": 8, "cluster_size": 2, "top_clusters": 1,
+                "lr": 1e-3, "swa": "false", "threads": 1, **extra}
+    plan = runner.plan_run(registry, method, str(tiny_dataset), set_options=[f"{k}={v}" for k, v in settings.items()])
+    dataset = runner.open_dataset(registry, plan.dataset)
+    rows = np.arange(len(dataset.train_texts))
+    clusters = runner.label_clusters(dataset, plan.config, rows)
+    torch.manual_seed(0)
+    model = build_model(registry, plan.config, clusters)
+    tokens = tokenize(dataset.train_texts, model.encoder.tokenizer, plan.config.max_length, None)
+    return plan, dataset, model, tokens
+
+
+class Recorder:
+    """Wraps a trainer's train_step to record, per step, the stage, the candidates and the parameters."""
+
+    def __init__(self, trainer: Trainer):
+        self.trainer, self.steps = trainer, []
+        sampler = trainer.model.sampler
+        original_forward = sampler.forward
+
+        def forward(recall_logits, positives, clusters, doc_index):
+            candidates = original_forward(recall_logits, positives, clusters, doc_index)
+            self.current = {int(d): set(candidates.labels[i][candidates.mask[i]].tolist())
+                            for i, d in enumerate(doc_index)}
+            return candidates
+
+        sampler.forward = forward
+        original_step = trainer.train_step
+
+        def step(rows, stage):
+            self.current = {}
+            before = copy.deepcopy({k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
+            record = original_step(rows, stage)
+            after = trainer.model.state_dict()
+            changed = {k.split(".")[0] for k in before if not torch.equal(before[k], after[k])}
+            self.steps.append({"stage": stage.name, "epoch": trainer.epoch, "candidates": self.current,
+                               "changed": changed})
+            return record
+
+        trainer.train_step = step
+
+
+def candidates_by_epoch(steps, stage):
+    by_epoch = {}
+    for step in steps:
+        if step["stage"] == stage:
+            by_epoch.setdefault(step["epoch"], {}).update(step["candidates"])
+    return by_epoch
+
+
+def test_static_candidates_stay_fixed_and_stages_train_their_parts(registry, tiny_model_dir, tiny_dataset):
+    plan, dataset, model, tokens = tiny_setup(registry, tiny_model_dir, "lightxml-static", tiny_dataset)
+    trainer = Trainer(model, tokens, dataset.train_labels, plan.config, torch.device("cpu"),
+                      stages=registry.method("lightxml-static").stages)
+    recorder = Recorder(trainer)
+    trainer.fit()
+    stages = [s["stage"] for s in recorder.steps]
+    assert stages == ["recall"] * 12 + ["rank"] * 12 + ["recall-refit"] * 6
+    changed = {stage: set().union(*(s["changed"] for s in recorder.steps if s["stage"] == stage))
+               for stage in ("recall", "rank", "recall-refit")}
+    assert changed["recall"] == {"encoder", "recaller"}
+    assert changed["rank"] == {"encoder", "ranker"}
+    assert changed["recall-refit"] == {"recaller"}
+    epochs = candidates_by_epoch(recorder.steps, "rank")
+    assert epochs[0] == epochs[1], "static candidates must not change between epochs"
+    assert all(not s["candidates"] for s in recorder.steps if s["stage"] != "rank"), "no ranker outside stage 2"
+
+
+def test_dynamic_candidates_follow_the_recaller(registry, tiny_model_dir, tiny_dataset):
+    plan, dataset, model, tokens = tiny_setup(registry, tiny_model_dir, "lightxml", tiny_dataset, epochs=4)
+    trainer = Trainer(model, tokens, dataset.train_labels, plan.config, torch.device("cpu"))
+    recorder = Recorder(trainer)
+    trainer.fit()
+    epochs = candidates_by_epoch(recorder.steps, "joint")
+    assert any(epochs[e] != epochs[0] for e in epochs), "dynamic candidates never changed"
+
+
+def test_bs_ranker_gets_its_own_encoder_started_from_the_shared_one(registry, tiny_model_dir, tiny_dataset):
+    plan, dataset, model, tokens = tiny_setup(registry, tiny_model_dir, "lightxml-static-bs", tiny_dataset)
+    assert model.ranker_encoder is not None
+    stages = registry.method("lightxml-static-bs").stages
+    trainer = Trainer(model, tokens, dataset.train_labels, plan.config, torch.device("cpu"), stages=stages)
+    recorder = Recorder(trainer)
+    copied = {}
+    original_begin = trainer._begin_stage
+
+    def begin(stage):
+        original_begin(stage)
+        if stage.name == "rank":
+            copied["equal"] = all(torch.equal(a, b) for a, b in zip(model.encoder.state_dict().values(),
+                                                                   model.ranker_encoder.state_dict().values()))
+
+    trainer._begin_stage = begin
+    trainer.fit()
+    assert copied["equal"], "the ranker's encoder starts as a copy of the stage-1 encoder"
+    rank_changed = set().union(*(s["changed"] for s in recorder.steps if s["stage"] == "rank"))
+    assert rank_changed == {"ranker_encoder", "ranker"}
+
+
+def test_random_negatives_avoid_positive_clusters(registry, tiny_model_dir, tiny_dataset):
+    from xmcbench_lightxml.sampler import RandomSampler
+
+    clusters = LabelClusters.from_assignment(torch.arange(12) % 6, 6)
+    sampler = RandomSampler(top_clusters=3)
+    torch.manual_seed(0)
+    positives = torch.tensor([[0, 1, -1], [5, -1, -1]])
+    seen = set()
+    for _ in range(30):
+        candidates = sampler(torch.zeros(2, 6), positives, clusters, torch.arange(2))
+        labels = candidates.labels[0][candidates.mask[0]]
+        assert {0, 1} <= set(labels.tolist())
+        assert candidates.mask[0].sum() == (2 + 3) * 2   # 2 positive clusters + 3 drawn among the other 4
+        seen.add(frozenset(clusters.label_cluster[labels].tolist()))
+    assert len(seen) > 1, "draws should vary"
+
+
+def test_static_methods_need_clusters(registry, tiny_model_dir, tiny_dataset):
+    plan, dataset, model, tokens = tiny_setup(registry, tiny_model_dir, "lightxml-static", tiny_dataset,
+                                              cluster_size=1)
+    with pytest.raises(XmcError, match="needs label clusters"):
+        Trainer(model, tokens, dataset.train_labels, plan.config, torch.device("cpu"),
+                stages=registry.method("lightxml-static").stages)
+
+
+def test_malformed_stage_is_rejected():
+    with pytest.raises(XmcError, match="malformed"):
+        Stage("bad", trains=("decoder",))
