@@ -1,0 +1,228 @@
+"""Reports are pure functions of saved run directories: statistics, paired tests, tables, figures, CLI.
+
+The fixture runs (tests/fixtures/report/results) are two methods x three seeds with the hand-chosen numbers
+below, a 5-step training log each, a model's own encoder/config.json inside one run (must not count as a
+run) and one interrupted run (config.json, no metrics.json)."""
+
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+from typer.testing import CliRunner
+
+from xmcbench import report
+from xmcbench.cli import app
+from xmcbench.errors import XmcError
+
+FIXTURES = Path(__file__).parent / "fixtures" / "report" / "results"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+COLUMNS = ["P@1", "P@3", "P@5", "nDCG@1", "nDCG@3", "nDCG@5", "PSP@1", "PSP@3", "PSP@5", "coverage"]
+METRICS = {   # method -> seed -> values of COLUMNS, as written in the fixtures
+    "lightxml": [[80.0, 60.0, 45.0, 80.0, 70.0, 72.0, 40.0, 42.0, 44.0, 90.0],
+                 [81.0, 61.0, 45.5, 81.0, 71.0, 72.5, 41.0, 43.0, 45.0, 91.0],
+                 [82.5, 61.5, 46.5, 82.5, 72.0, 73.5, 42.0, 44.5, 46.0, 92.0]],
+    "lightxml-static": [[78.0, 59.0, 44.0, 78.0, 69.0, 71.0, 38.5, 41.0, 43.0, 88.0],
+                        [79.5, 59.5, 44.5, 79.5, 69.5, 71.5, 39.0, 42.5, 44.0, 90.5],
+                        [80.0, 61.0, 45.0, 80.0, 71.5, 72.0, 41.5, 43.0, 45.0, 89.0]],
+}
+TRAIN_SECONDS = {"lightxml": [600.0, 620.0, 610.0], "lightxml-static": [500.0, 520.0, 505.0]}
+PREDICT_MS = {"lightxml": [2.0, 2.1, 1.9], "lightxml-static": [2.2, 2.0, 2.1]}
+
+
+def column(method, name):
+    return [seed_values[COLUMNS.index(name)] for seed_values in METRICS[method]]
+
+
+@pytest.fixture
+def results(tmp_path):
+    """A copy of the fixture results, with fake weight files of known sizes (lightxml is the smaller)."""
+    folder = tmp_path / "results"
+    shutil.copytree(FIXTURES, folder)
+    for method, size in (("lightxml", 100 * 1024), ("lightxml-static", 200 * 1024)):
+        for seed in range(3):
+            (folder / method / f"seed{seed}" / "model").mkdir(exist_ok=True)
+            (folder / method / f"seed{seed}" / "model" / "weights.safetensors").write_bytes(b"\0" * size)
+    return folder
+
+
+@pytest.fixture
+def runs(results):
+    return report.load_runs([results], log=lambda line: None)
+
+
+def by_method(rows):
+    return {row["method"]: row for row in rows}
+
+
+def test_load_runs_finds_runs_recursively_and_skips_unfinished(results):
+    messages = []
+    runs = report.load_runs([results], log=messages.append)
+    assert sorted((r.method, r.seed) for r in runs) == [(m, s) for m in ("lightxml", "lightxml-static")
+                                                        for s in range(3)]
+    assert len(messages) == 1 and "skipped 1 unfinished run" in messages[0] and "lightxml-seed3" in messages[0]
+    run = next(r for r in runs if r.method == "lightxml" and r.seed == 1)
+    assert run.dataset == "debian-debtags-mini" and run.model_bytes == 100 * 1024
+    assert [run.metrics[c] for c in COLUMNS] == METRICS["lightxml"][1]
+    assert "test_documents" not in run.metrics
+    assert len(run.losses) == 5 and run.losses[0]["step"] == 1
+    assert run.timings["train_seconds"] == 620.0 and run.environment["processor"] == "x86_64"
+    # a run directory named directly, and the same run twice, give it once
+    again = report.load_runs([results / "lightxml" / "seed1", results / "lightxml" / "seed1"])
+    assert [r.path for r in again] == [results / "lightxml" / "seed1"]
+
+
+@pytest.mark.parametrize("make_path, message", [
+    (lambda root: root / "missing", "does not exist"),
+    (lambda root: root / "empty", "holds no xmcbench runs"),
+    (lambda root: root / "results" / "interrupted", "only 1 unfinished run"),
+    (lambda root: root / "results" / "lightxml" / "seed0" / "metrics.json", "is not a run directory"),
+])
+def test_load_runs_rejects_a_bad_path_in_one_line(results, make_path, message):
+    (results.parent / "empty").mkdir()
+    with pytest.raises(XmcError) as error:
+        report.load_runs([results / "lightxml", make_path(results.parent)])
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_means_and_sample_stds_over_seeds(runs):
+    rows = report.summarize(runs)
+    assert [r["method"] for r in rows] == ["lightxml", "lightxml-static"]
+    for method, row in by_method(rows).items():
+        assert row["n_seeds"] == 3 and row["seeds"] == [0, 1, 2] and row["vs_baseline"] is None
+        for name in COLUMNS:
+            assert row["stats"][name]["mean"] == pytest.approx(statistics.mean(column(method, name)))
+            assert row["stats"][name]["std"] == pytest.approx(statistics.stdev(column(method, name)))
+        assert row["stats"]["train_seconds"]["mean"] == pytest.approx(statistics.mean(TRAIN_SECONDS[method]))
+        assert row["stats"]["predict_ms_per_document"]["std"] == pytest.approx(statistics.stdev(PREDICT_MS[method]))
+    assert rows[0]["stats"]["model_mb"]["mean"] == pytest.approx(100 / 1024)
+    assert "peak_gpu_mb" not in rows[0]["stats"]
+    single = report.summarize([r for r in runs if r.seed == 0])
+    assert single[0]["stats"]["P@1"] == {"mean": 80.0, "std": None, "n": 1, "values": [80.0]}
+    assert "80.00 ± —" in report.render_table(single, "github")
+
+
+def test_paired_t_test_matches_scipy_and_pairs_by_seed(runs):
+    rows = by_method(report.summarize(list(reversed(runs)), baseline="lightxml"))
+    assert rows["lightxml"]["is_baseline"] and rows["lightxml"]["vs_baseline"] is None
+    versus = rows["lightxml-static"]["vs_baseline"]
+    for name in ("P@1", "P@3", "nDCG@3", "PSP@1"):
+        expected = stats.ttest_rel(column("lightxml-static", name), column("lightxml", name)).pvalue
+        assert versus[name]["p_value"] == pytest.approx(expected, rel=1e-12)
+        assert versus[name]["diff"] == pytest.approx(np.mean(column("lightxml-static", name))
+                                                     - np.mean(column("lightxml", name)))
+        assert versus[name]["n_pairs"] == 3
+    expected = stats.ttest_rel(TRAIN_SECONDS["lightxml-static"], TRAIN_SECONDS["lightxml"]).pvalue
+    assert versus["train_seconds"]["p_value"] == pytest.approx(expected)
+    # PSP@5 differs by exactly 1.0 on every seed: no variance, so no test
+    assert versus["PSP@5"]["diff"] == pytest.approx(-1.0) and versus["PSP@5"]["p_value"] is None
+    # fewer than two paired seeds: the difference, and n/a
+    few = by_method(report.summarize([r for r in runs if r.method == "lightxml" or r.seed == 2], "lightxml"))
+    assert few["lightxml-static"]["vs_baseline"]["P@1"]["n_pairs"] == 1
+    assert few["lightxml-static"]["vs_baseline"]["P@1"]["p_value"] is None
+    assert "(-1.17, n/a)" in report.render_table(list(few.values()), "github")
+
+
+def test_unknown_baseline_is_one_line(runs):
+    with pytest.raises(XmcError, match="did you mean 'lightxml'"):
+        report.summarize(runs, baseline="lightxm")
+
+
+def test_best_value_per_column_including_lower_is_better(runs):
+    rows = by_method(report.summarize(runs))
+    assert set(COLUMNS) <= set(rows["lightxml"]["best"])             # every metric is higher for lightxml
+    assert "predict_ms_per_document" in rows["lightxml"]["best"]     # 2.0 < 2.1 ms: lower is better
+    assert "model_mb" in rows["lightxml"]["best"] and "peak_rss_mb" in rows["lightxml"]["best"]
+    assert rows["lightxml-static"]["best"] == ["train_seconds"]      # 508 s < 610 s
+
+
+def test_three_formats_render(runs):
+    rows = report.summarize(runs, baseline="lightxml")
+    github = report.render_table(rows, "github")
+    assert "**81.17 ± 1.26**" in github and "| lightxml (baseline)" in github
+    assert "**508.3 ± 10.4** (-101.7, p<0.001)" in github and "(+0.10, p=0.423)" in github and "(-1.00, n/a)" in github
+    latex = report.render_table(rows, "latex")
+    assert r"\begin{tabular}" in latex and r"\textbf{81.17 $\pm$ 1.26}" in latex
+    parsed = json.loads(report.render_table(rows, "json"))
+    assert parsed["rows"][0]["stats"]["P@1"]["mean"] == pytest.approx(81.1666666)
+    assert "train_seconds" in parsed["rows"][1]["best"] and "train_seconds" in parsed["lower_is_better"]
+    assert "ttest_rel" in parsed["paired_test"]
+    with pytest.raises(XmcError, match="unknown report format 'html'"):
+        report.render_table(rows, "html")
+
+
+def test_variants_and_datasets_get_their_own_rows(results):
+    extra = results / "other" / "lightxml-seed0"
+    shutil.copytree(results / "lightxml" / "seed0", extra)
+    config = json.loads((extra / "config.json").read_text())
+    config["dataset_name"] = "debian-builddeps"
+    (extra / "config.json").write_text(json.dumps(config))
+    variant = results / "lightxml-epochs1"
+    shutil.copytree(results / "lightxml" / "seed2", variant)
+    config = json.loads((variant / "config.json").read_text())
+    config["config"]["epochs"] = 1
+    (variant / "config.json").write_text(json.dumps(config))
+    runs = report.load_runs([results], log=lambda line: None)
+    rows = report.summarize(runs, baseline="lightxml (epochs=3)")
+    assert [(r["dataset"], r["method"], r["n_seeds"]) for r in rows] == [
+        ("debian-debtags-mini", "lightxml (epochs=3)", 3), ("debian-debtags-mini", "lightxml (epochs=1)", 1),
+        ("debian-debtags-mini", "lightxml-static", 3), ("debian-builddeps", "lightxml", 1)]
+    assert rows[3]["baseline"] is None and rows[3]["best"] == []   # alone on its dataset
+    table = report.render_table(rows, "github")
+    assert table.index("**debian-debtags-mini**") < table.index("**debian-builddeps**")
+    with pytest.raises(XmcError, match="ambiguous"):
+        report.summarize(runs, baseline="lightxml")
+    text = report.write_report(runs, results.parent / "out").read_text()
+    assert "### debian-debtags-mini" in text and "### debian-builddeps" in text
+
+
+def test_figures_are_png(runs, tmp_path):
+    report.plot_loss_curves(runs, tmp_path / "loss.png")
+    report.plot_precision(report.summarize(runs), tmp_path / "precision.png")
+    for run in runs:
+        run.losses = []
+    report.plot_loss_curves(runs, tmp_path / "empty.png")   # no training logs: a plot that says so
+    for name in ("loss.png", "precision.png", "empty.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 1000
+
+
+def test_two_runs_with_one_seed_are_refused(results):
+    shutil.copytree(results / "lightxml" / "seed0", results / "again")
+    with pytest.raises(XmcError, match="with seed 0; pass only one of them"):
+        report.summarize(report.load_runs([results], log=lambda line: None))
+
+
+def test_write_report(runs, tmp_path):
+    path = report.write_report(runs, tmp_path / "report", baseline="lightxml", fmt="latex",
+                               command="xmcbench report results --baseline lightxml")
+    assert path == tmp_path / "report" / "report.md"
+    names = sorted(p.name for p in path.parent.iterdir())
+    assert names == ["loss_curves.png", "precision.png", "report.md", "table.tex"]
+    for figure in ("loss_curves.png", "precision.png"):
+        assert (path.parent / figure).read_bytes()[:8] == PNG_MAGIC
+    text = path.read_text()
+    assert text.startswith("# xmcbench report") and "xmcbench report results --baseline lightxml" in text
+    assert "Seeds: lightxml: 0, 1, 2; lightxml-static: 0, 1, 2" in text
+    assert "sentence-transformers/all-MiniLM-L6-v2" in text and "x86_64" in text and "2 CPU threads" in text
+    assert "`epochs=3`" in text and "`head_lr=0.001`" in text and "`sampler=static`" in text
+    assert "`seed=" not in text
+    assert "ttest_rel" in text and "**81.17 ± 1.26**" in text
+    assert "![" in text and "](loss_curves.png)" in text and "](precision.png)" in text
+
+
+def test_report_command_writes_the_files(results, tmp_path):
+    output = tmp_path / "out"
+    result = CliRunner().invoke(app, ["report", str(results), "--baseline", "lightxml", "--format", "json",
+                                      "--output", str(output)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in output.iterdir()) == ["loss_curves.png", "precision.png", "report.md",
+                                                        "table.json"]
+    assert json.loads((output / "table.json").read_text())["rows"][1]["vs_baseline"]["P@1"]["n_pairs"] == 3
+    assert "skipped 1 unfinished run" in result.output and "report.md" in result.output
+    assert f"xmcbench report {results} --baseline lightxml --format json" in (output / "report.md").read_text()
+    bad = CliRunner().invoke(app, ["report", str(tmp_path / "nowhere")])
+    assert isinstance(bad.exception, XmcError) and "does not exist" in str(bad.exception)

@@ -1,0 +1,551 @@
+"""Comparative reports: pure functions of saved run directories, never of a live model.
+
+    load_runs(paths)            run directories (or folders holding them, searched recursively) -> RunResult
+    summarize(runs, baseline)   one row per (dataset, method) with mean, std and paired tests: raw numbers
+    render_table(rows, fmt)     the rows as a github / latex table, or JSON; the only place numbers are formatted
+    write_report(runs, output)  report.md + table.{md,tex,json} + loss_curves.png + precision.png
+
+Runs of one method on one dataset are its seeds. Runs of one method whose settings differ in anything but
+the seed are separate rows ("variants"), labelled by the settings that tell them apart, so an ablation run
+with `--set` is never averaged into the method it ablates.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from xmcbench.config import TrainConfig
+from xmcbench.errors import XmcError
+from xmcbench.registry import closest_names_hint
+from xmcbench.storage import atomic_write
+
+__all__ = ["RunResult", "load_runs", "find_run_dirs", "summarize", "render_table", "plot_loss_curves",
+           "plot_precision", "write_report", "COLUMNS", "LOWER_IS_BETTER", "FORMATS", "PAIRED_TEST_NOTE"]
+
+logger = logging.getLogger(__name__)
+
+METRIC_COLUMNS = ("P@1", "P@3", "P@5", "nDCG@1", "nDCG@3", "nDCG@5", "PSP@1", "PSP@3", "PSP@5", "coverage")
+COST_COLUMNS = ("train_seconds", "predict_ms_per_document", "model_mb", "peak_rss_mb", "peak_gpu_mb")
+COLUMNS = METRIC_COLUMNS + COST_COLUMNS
+LOWER_IS_BETTER = frozenset(COST_COLUMNS)
+LABELS = {"train_seconds": "train s", "predict_ms_per_document": "predict ms/doc", "model_mb": "model MB",
+          "peak_rss_mb": "peak RSS MB", "peak_gpu_mb": "peak GPU MB"}
+DECIMALS = {"train_seconds": 1, "predict_ms_per_document": 2, "model_mb": 1, "peak_rss_mb": 0, "peak_gpu_mb": 0}
+FORMATS = {"github": "md", "latex": "tex", "json": "json"}
+NOT_METRICS = frozenset({"test_documents", "unseen_test_labels"})   # counts that metrics.json also holds
+PAIRED_TEST_NOTE = ("Differences are the method's mean minus the baseline's mean; p-values come from a two-sided "
+                    "paired t-test over the seeds both were run with, matched by seed (scipy.stats.ttest_rel); "
+                    "n/a when fewer than 2 seeds pair up or the paired differences do not vary.")
+STATS_NOTE = ("Cells are mean ± sample standard deviation (ddof=1) over seeds, — with one seed. The best value "
+              "of each column is in bold: highest for metrics, lowest for time, size and memory.")
+
+
+@dataclass
+class RunResult:
+    """One finished run, read from its directory."""
+
+    path: Path
+    method: str
+    dataset: str
+    seed: int
+    config: dict           # config.json as saved: method, dataset, config (TrainConfig), resolved
+    metrics: dict[str, float]
+    timings: dict
+    environment: dict
+    losses: list[dict]     # training_log.json steps: {"step", "epoch", "loss", ...}
+    model_bytes: int       # size of model/weights.safetensors (0 if absent)
+
+    @property
+    def settings(self) -> dict:
+        """The run's TrainConfig values (config.json "config")."""
+        return self.config.get("config", {})
+
+    def values(self) -> dict[str, float]:
+        """The report's columns that this run has, as plain floats."""
+        found = {key: self.metrics[key] for key in METRIC_COLUMNS if key in self.metrics}
+        found.update({key: self.timings[key] for key in ("train_seconds", "predict_ms_per_document",
+                                                          "peak_rss_mb", "peak_gpu_mb") if key in self.timings})
+        if self.model_bytes > 0:
+            found["model_mb"] = self.model_bytes / 2**20
+        return {key: float(value) for key, value in found.items() if _is_number(value)}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# -- loading ----------------------------------------------------------------------------------------
+
+def _is_run_dir(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def find_run_dirs(folder: Path) -> tuple[list[Path], list[Path]]:
+    """(finished, unfinished) run directories under `folder`, sorted by path.
+
+    A run directory holds config.json; it is finished when it also holds metrics.json. The search does not
+    descend into a run directory, so a model's own encoder/config.json is never taken for a run."""
+    folder = Path(folder)
+    if _is_run_dir(folder):
+        return ([folder], []) if (folder / "metrics.json").is_file() else ([], [folder])
+    finished, unfinished = [], []
+    for root, directories, files in os.walk(folder):
+        root_path = Path(root)
+        if "config.json" in files and root_path != folder:
+            (finished if "metrics.json" in files else unfinished).append(root_path)
+            directories[:] = []
+            continue
+        directories[:] = sorted(d for d in directories if not d.startswith("."))
+    return sorted(finished), sorted(unfinished)
+
+
+def _read(path: Path, required: bool = True) -> Any:
+    if not path.is_file():
+        if required:
+            raise XmcError(f"{path} is missing")
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise XmcError(f"{path} is not valid JSON ({error}); remove the run or rerun it") from None
+
+
+def read_run(path: Path) -> RunResult:
+    """The RunResult of one finished run directory."""
+    path = Path(path)
+    config = _read(path / "config.json")
+    if not isinstance(config, dict) or "method" not in config or not isinstance(config.get("config"), dict):
+        raise XmcError(f"{path / 'config.json'} is not an xmcbench run configuration (no method or config)")
+    metrics = _read(path / "metrics.json")
+    if not isinstance(metrics, dict):
+        raise XmcError(f"{path / 'metrics.json'} does not hold a table of metrics")
+    log = _read(path / "training_log.json", required=False)
+    weights = path / "model" / "weights.safetensors"
+    seed = config["config"].get("seed", 0)
+    return RunResult(
+        path=path, method=str(config["method"]),
+        dataset=str(config.get("dataset_name") or metrics.get("dataset") or config.get("dataset", "?")),
+        seed=int(seed) if _is_number(seed) else 0, config=config,
+        metrics={key: float(value) for key, value in metrics.items()
+                 if key not in NOT_METRICS and _is_number(value)},
+        timings=_read(path / "timings.json", required=False),
+        environment=_read(path / "environment.json", required=False),
+        losses=list(log.get("steps", [])) if isinstance(log, dict) else [],
+        model_bytes=weights.stat().st_size if weights.is_file() else 0)
+
+
+def load_runs(paths: list[Path], log: Callable[[str], None] | None = None) -> list[RunResult]:
+    """The finished runs named by `paths`: run directories, or folders searched recursively for them.
+
+    Unfinished runs (config.json without metrics.json) are skipped and counted in one message to `log`
+    (default: this module's logger). A path that is neither a run nor holds any finished run is an XmcError."""
+    log = log or logger.warning
+    found: list[Path] = []
+    skipped: list[Path] = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise XmcError(f"{path} does not exist; pass run directories or folders holding them")
+        if not path.is_dir():
+            raise XmcError(f"{path} is not a run directory (a folder with config.json and metrics.json) "
+                           "nor a folder holding runs")
+        finished, unfinished = find_run_dirs(path)
+        if not finished:
+            what = f"only {len(unfinished)} unfinished run(s), no metrics.json" if unfinished else "no xmcbench runs"
+            raise XmcError(f"{path} holds {what}; pass run directories (config.json and metrics.json) "
+                           "or folders holding them")
+        found += finished
+        skipped += unfinished
+    unique = list(dict.fromkeys(p.resolve() for p in found))
+    if skipped:
+        shown = ", ".join(str(p) for p in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
+        log(f"skipped {len(skipped)} unfinished run(s) without metrics.json: {shown}")
+    by_resolved = {p.resolve(): p for p in found}
+    return [read_run(by_resolved[p]) for p in unique]
+
+
+# -- grouping ---------------------------------------------------------------------------------------
+
+@dataclass
+class _Group:
+    dataset: str
+    method: str
+    label: str             # the row's name: the method, or "method (k=v, ...)" for one of its variants
+    runs: list[RunResult]
+
+
+def _settings_key(run: RunResult) -> str:
+    return json.dumps({k: v for k, v in run.settings.items() if k != "seed"}, sort_keys=True, default=str)
+
+
+def _flat_settings(settings: dict) -> dict[str, Any]:
+    flat = {k: v for k, v in settings.items() if k != "options"}
+    flat.update({f"options.{k}": v for k, v in (settings.get("options") or {}).items()})
+    return flat
+
+
+def _groups(runs: list[RunResult]) -> list[_Group]:
+    """Runs grouped by (dataset, method, settings other than the seed), in first-seen order."""
+    groups: dict[tuple[str, str, str], list[RunResult]] = {}
+    for run in runs:
+        groups.setdefault((run.dataset, run.method, _settings_key(run)), []).append(run)
+    variants: dict[tuple[str, str], list[str]] = {}
+    for dataset, method, key in groups:
+        variants.setdefault((dataset, method), []).append(key)
+    result = []
+    for (dataset, method, key), members in groups.items():
+        label = method
+        keys = variants[(dataset, method)]
+        if len(keys) > 1:
+            mine = _flat_settings(json.loads(key))
+            others = [_flat_settings(json.loads(k)) for k in keys if k != key]
+            differing = [name for name in mine if any(other.get(name) != mine[name] for other in others)]
+            label = f"{method} ({', '.join(f'{name}={mine[name]}' for name in differing)})"
+        seen: dict[int, Path] = {}
+        for run in members:
+            if run.seed in seen:
+                raise XmcError(f"{seen[run.seed]} and {run.path} are both {label} on {dataset} with seed "
+                               f"{run.seed}; pass only one of them")
+            seen[run.seed] = run.path
+        result.append(_Group(dataset, method, label, sorted(members, key=lambda r: r.seed)))
+    return result
+
+
+# -- statistics -------------------------------------------------------------------------------------
+
+def _stats(values: list[float]) -> dict:
+    array = np.asarray(values, dtype=np.float64)
+    return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if len(array) >= 2 else None,
+            "n": len(array), "values": [float(v) for v in array]}
+
+
+def _paired(mine: dict[int, float], base: dict[int, float]) -> dict:
+    """Paired t-test of per-seed values (seed -> value) on the seeds both have."""
+    from scipy import stats
+
+    seeds = sorted(set(mine) & set(base))
+    x = np.array([mine[s] for s in seeds], dtype=np.float64)
+    y = np.array([base[s] for s in seeds], dtype=np.float64)
+    p_value = None
+    if len(seeds) >= 2:
+        differences = x - y
+        scale = max(1.0, float(np.abs(x).max()), float(np.abs(y).max()))
+        if differences.std(ddof=1) > 1e-9 * scale:   # rounding noise in equal differences is no variance
+            p_value = float(stats.ttest_rel(x, y).pvalue)
+    return {"diff": float(np.mean(list(mine.values())) - np.mean(list(base.values()))),
+            "p_value": p_value, "n_pairs": len(seeds), "paired_seeds": seeds}
+
+
+def _pick_baseline(groups: list[_Group], baseline: str) -> dict[str, _Group]:
+    """dataset -> the baseline group on that dataset; `baseline` is a row label or a method name."""
+    chosen: dict[str, _Group] = {}
+    for dataset in dict.fromkeys(g.dataset for g in groups):
+        here = [g for g in groups if g.dataset == dataset]
+        exact = [g for g in here if g.label == baseline]
+        by_method = [g for g in here if g.method == baseline]
+        if exact:
+            chosen[dataset] = exact[0]
+        elif len(by_method) == 1:
+            chosen[dataset] = by_method[0]
+        elif by_method:
+            raise XmcError(f"--baseline {baseline} is ambiguous on {dataset}: it has variants "
+                           + ", ".join(repr(g.label) for g in by_method) + "; name one of them")
+    if not chosen:
+        names = list(dict.fromkeys([g.label for g in groups] + [g.method for g in groups]))
+        raise XmcError(f"--baseline {baseline} is none of the reported methods: {closest_names_hint(baseline, names)}")
+    return chosen
+
+
+def summarize(runs: list[RunResult], baseline: str | None = None) -> list[dict]:
+    """One row per method (per dataset, per settings variant), in first-seen order. Raw numbers only:
+
+    {"dataset", "method" (row label), "base_method", "n_seeds", "seeds",
+     "stats": {column: {"mean", "std" (None with one value), "n", "values"}},
+     "vs_baseline": {column: {"diff", "p_value" (None: n/a), "n_pairs", "paired_seeds"}} or None,
+     "is_baseline", "baseline" (the baseline row's label on this dataset, or None),
+     "best": [columns where this row has the best mean among the rows of its dataset]}
+    """
+    if not runs:
+        raise XmcError("no runs to report")
+    groups = _groups(runs)
+    baselines = _pick_baseline(groups, baseline) if baseline else {}
+    per_seed: dict[int, dict[str, dict[int, float]]] = {}   # id(group) -> column -> seed -> value
+    rows = []
+    for group in groups:
+        columns: dict[str, dict[int, float]] = {}
+        for run in group.runs:
+            for column, value in run.values().items():
+                columns.setdefault(column, {})[run.seed] = value
+        per_seed[id(group)] = columns
+        rows.append({"dataset": group.dataset, "method": group.label, "base_method": group.method,
+                     "n_seeds": len(group.runs), "seeds": [r.seed for r in group.runs],
+                     "stats": {c: _stats(list(columns[c].values())) for c in COLUMNS if c in columns},
+                     "vs_baseline": None, "is_baseline": False,
+                     "baseline": baselines[group.dataset].label if group.dataset in baselines else None,
+                     "best": []})
+    for group, row in zip(groups, rows):
+        base = baselines.get(group.dataset)
+        if base is None:
+            continue
+        if base is group:
+            row["is_baseline"] = True
+            continue
+        mine, theirs = per_seed[id(group)], per_seed[id(base)]
+        row["vs_baseline"] = {c: _paired(mine[c], theirs[c]) for c in COLUMNS if c in mine and c in theirs}
+    for dataset in dict.fromkeys(r["dataset"] for r in rows):
+        here = [r for r in rows if r["dataset"] == dataset]
+        for column in COLUMNS:
+            means = [(r, r["stats"][column]["mean"]) for r in here if column in r["stats"]]
+            if len(means) < 2:
+                continue
+            pick = min if column in LOWER_IS_BETTER else max
+            best = pick(m for _, m in means)
+            for r, m in means:
+                if math.isclose(m, best, rel_tol=1e-12, abs_tol=1e-12):
+                    r["best"].append(column)
+    return rows
+
+
+# -- rendering --------------------------------------------------------------------------------------
+
+def _columns(rows: list[dict]) -> list[str]:
+    return [c for c in COLUMNS if any(c in r["stats"] for r in rows)]
+
+
+def _number(value: float, column: str, signed: bool = False) -> str:
+    return f"{value:{'+' if signed else ''}.{DECIMALS.get(column, 2)}f}"
+
+
+def _p_text(p: float | None) -> str:
+    if p is None:
+        return "n/a"
+    return "p<0.001" if p < 0.001 else f"p={p:.3f}"
+
+
+def _latex_escape(text: str) -> str:
+    replacements = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+    return "".join(replacements.get(ch, ch) for ch in text)
+
+
+def _cell(row: dict, column: str, latex: bool) -> str:
+    stat = row["stats"].get(column)
+    if stat is None:
+        return ""
+    pm, dash = (r" $\pm$ ", "---") if latex else (" ± ", "—")
+    text = _number(stat["mean"], column) + pm + (_number(stat["std"], column) if stat["std"] is not None else dash)
+    if column in row["best"]:
+        text = rf"\textbf{{{text}}}" if latex else f"**{text}**"
+    versus = (row["vs_baseline"] or {}).get(column)
+    if versus is not None:
+        p_text = _p_text(versus["p_value"])
+        if latex and versus["p_value"] is not None:
+            p_text = f"${p_text}$"
+        text += f" ({_number(versus['diff'], column, signed=True)}, {p_text})"
+    return text
+
+
+def _table(rows: list[dict], fmt: str) -> str:
+    from tabulate import tabulate
+
+    latex = fmt == "latex"
+    columns = _columns(rows)
+    headers = ["method", "seeds"] + [LABELS.get(c, c) for c in columns]
+    body = []
+    for row in rows:
+        name = row["method"] + (" (baseline)" if row["is_baseline"] else "")
+        body.append([_latex_escape(name) if latex else name, row["n_seeds"]]
+                    + [_cell(row, c, latex) for c in columns])
+    return tabulate(body, headers=headers, tablefmt="latex_raw" if latex else "github",
+                    colalign=["left"] + ["right"] * (len(headers) - 1), disable_numparse=True)
+
+
+def render_table(rows: list[dict], fmt: str = "github") -> str:
+    """The rows as a table: "github" (markdown, best in **bold**), "latex" (best in \\textbf{}) or "json"
+    (the raw rows, with each row's "best" list). Rows of several datasets give one table per dataset."""
+    if fmt not in FORMATS:
+        raise XmcError(f"unknown report format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if fmt == "json":
+        return json.dumps({"columns": {c: LABELS.get(c, c) for c in _columns(rows)},
+                           "lower_is_better": [c for c in _columns(rows) if c in LOWER_IS_BETTER],
+                           "paired_test": PAIRED_TEST_NOTE if any(r["vs_baseline"] for r in rows) else None,
+                           "rows": rows}, indent=2)
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    if len(datasets) == 1:
+        return _table(rows, fmt)
+    parts = []
+    for dataset in datasets:
+        heading = f"% {dataset}" if fmt == "latex" else f"**{dataset}**"
+        parts.append(heading + "\n\n" + _table([r for r in rows if r["dataset"] == dataset], fmt))
+    return "\n\n".join(parts)
+
+
+# -- figures ----------------------------------------------------------------------------------------
+
+def _figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height))
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _save_png(figure, path: Path) -> None:
+    figure.tight_layout()
+    atomic_write(Path(path), lambda temporary: figure.savefig(temporary, format="png", dpi=100))
+
+
+def plot_loss_curves(runs: list[RunResult], path: Path) -> None:
+    """Every method's training loss per step, mean over its seeds (band: ± std where 2+ seeds have the
+    step), on one plot; a PNG at `path`."""
+    figure = _figure(8, 4.5)
+    axes = figure.add_subplot()
+    groups = _groups(runs)
+    several_datasets = len({g.dataset for g in groups}) > 1
+    positive, plotted = True, False
+    for group in groups:
+        by_step: dict[int, list[float]] = {}
+        for run in group.runs:
+            for record in run.losses:
+                if _is_number(record.get("step")) and _is_number(record.get("loss")):
+                    by_step.setdefault(int(record["step"]), []).append(float(record["loss"]))
+        if not by_step:
+            continue
+        steps = np.array(sorted(by_step))
+        mean = np.array([np.mean(by_step[s]) for s in steps])
+        std = np.array([np.std(by_step[s], ddof=1) if len(by_step[s]) > 1 else 0.0 for s in steps])
+        label = group.label + (f" ({group.dataset})" if several_datasets else "")
+        line, = axes.plot(steps, mean, linewidth=1, label=f"{label}, {len(group.runs)} seed(s)")
+        if np.any(std > 0):
+            axes.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+        positive &= bool(np.all(mean - std > 0))
+        plotted = True
+    from matplotlib.ticker import MaxNLocator
+
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlabel("step")
+    axes.set_ylabel("training loss (mean over seeds)")
+    if plotted:
+        if positive:
+            axes.set_yscale("log")
+        axes.legend(fontsize="small")
+    else:
+        axes.text(0.5, 0.5, "no training log in these runs", ha="center", va="center", transform=axes.transAxes)
+    _save_png(figure, path)
+
+
+def plot_precision(rows: list[dict], path: Path) -> None:
+    """P@1/3/5 per method as grouped bars, error bars = std over seeds; a PNG at `path`."""
+    figure = _figure(max(6.0, 1.2 * len(rows) + 2), 4.5)
+    axes = figure.add_subplot()
+    several_datasets = len({r["dataset"] for r in rows}) > 1
+    names = [r["method"] + (f"\n{r['dataset']}" if several_datasets else "") for r in rows]
+    positions = np.arange(len(rows))
+    width = 0.8 / 3
+    for i, column in enumerate(("P@1", "P@3", "P@5")):
+        means = [r["stats"][column]["mean"] if column in r["stats"] else np.nan for r in rows]
+        errors = [(r["stats"][column]["std"] or 0.0) if column in r["stats"] else 0.0 for r in rows]
+        axes.bar(positions + (i - 1) * width, means, width, yerr=errors, capsize=3, label=column)
+    axes.set_xticks(positions, names, fontsize="small")
+    axes.set_ylabel("precision (%), mean ± std over seeds")
+    axes.legend(fontsize="small")
+    _save_png(figure, path)
+
+
+# -- the report -------------------------------------------------------------------------------------
+
+def _distinct(values) -> list:
+    return list(dict.fromkeys(json.dumps(v, sort_keys=True, default=str) for v in values))
+
+
+def _describe(groups: list[_Group], value: Callable[[RunResult], Any]) -> str:
+    """One value if every run agrees, else the value per row."""
+    per_group = {g.label + (f" on {g.dataset}" if len({x.dataset for x in groups}) > 1 else ""):
+                 _distinct(value(r) for r in g.runs) for g in groups}
+    everything = _distinct(json.loads(v) for vs in per_group.values() for v in vs)
+    if len(everything) == 1:
+        return str(json.loads(everything[0]))
+    return "; ".join(f"{name}: " + " / ".join(str(json.loads(v)) for v in values)
+                     for name, values in per_group.items())
+
+
+def _non_default(run: RunResult) -> list[str]:
+    defaults = _flat_settings(TrainConfig().to_dict())
+    mine = _flat_settings(run.settings)
+    return [f"{key}={mine[key]}" for key in mine if key != "seed" and (key not in defaults or defaults[key] != mine[key])]
+
+
+def _hardware(run: RunResult) -> str:
+    env, resolved = run.environment, run.config.get("resolved", {})
+    torch_version = env.get("versions", {}).get("torch", "?")
+    return (f"{env.get('platform') or 'platform not recorded'}, processor {env.get('processor') or 'not reported'}, "
+            f"GPU {env.get('cuda') or 'none'}, device {resolved.get('device', '?')}, "
+            f"torch {torch_version} with {resolved.get('threads', '?')} CPU threads")
+
+
+def write_report(runs: list[RunResult], output: Path, baseline: str | None = None, fmt: str = "github",
+                 command: str | None = None) -> Path:
+    """Write report.md, table.{md|tex|json}, loss_curves.png and precision.png into `output`; return the
+    path of report.md. `command` (the command line that produced the report) is printed at the top."""
+    if fmt not in FORMATS:
+        raise XmcError(f"unknown report format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    output = Path(output)
+    if output.is_file():
+        raise XmcError(f"{output} is a file; --output must be a folder")
+    rows = summarize(runs, baseline)
+    groups = _groups(runs)
+    output.mkdir(parents=True, exist_ok=True)
+    table_path = output / f"table.{FORMATS[fmt]}"
+    table = render_table(rows, fmt)
+    atomic_write(table_path, lambda temporary: temporary.write_text(table + "\n", encoding="utf-8"))
+    plot_loss_curves(runs, output / "loss_curves.png")
+    plot_precision(rows, output / "precision.png")
+
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    lines = ["# xmcbench report", ""]
+    if command:
+        lines += ["Produced by:", "", "```", command, "```", ""]
+    lines += [f"{len(runs)} finished runs of {len(rows)} method(s) on {len(datasets)} dataset(s).", ""]
+    lines += ["## Setup", ""]
+    for dataset in datasets:
+        here = [r for r in runs if r.dataset == dataset]
+        versions = ", ".join(dict.fromkeys(str(r.config.get("dataset_version", "?")) for r in here))
+        labels = ", ".join(dict.fromkeys(str(r.config.get("resolved", {}).get("num_labels", "?")) for r in here))
+        lines.append(f"- Dataset: **{dataset}** (version {versions}; {labels} training labels)")
+    lines.append(f"- Encoder: {_describe(groups, lambda r: r.settings.get('model_name', '?'))}")
+    lines.append(f"- Hardware: {_describe(groups, _hardware)}")
+    lines.append("- Seeds: " + "; ".join(
+        f"{g.label}{f' on {g.dataset}' if len(datasets) > 1 else ''}: {', '.join(str(r.seed) for r in g.runs)}"
+        for g in groups))
+    lines += ["- Settings that differ from the `TrainConfig` defaults:"]
+    for group in groups:
+        changed = _distinct(_non_default(r) for r in group.runs)
+        text = "; ".join(", ".join(f"`{s}`" for s in json.loads(c)) or "none" for c in changed)
+        lines.append(f"  - {group.label}{f' on {group.dataset}' if len(datasets) > 1 else ''}: {text}")
+    lines += ["", "## Results", ""]
+    for dataset in datasets:
+        here = [r for r in rows if r["dataset"] == dataset]
+        lines += [f"### {dataset}", ""]
+        lines += [render_table(here, "github"), ""]
+        if baseline and here[0]["baseline"] is None:
+            lines += [f"No {baseline} runs on {dataset}: no baseline comparison here.", ""]
+    lines += [STATS_NOTE, ""]
+    if baseline:
+        lines += [f"Baseline: {baseline}. Each cell of another method adds (difference, p-value). "
+                  + PAIRED_TEST_NOTE, ""]
+    lines += [f"The table is also in [{table_path.name}]({table_path.name}).", "",
+              "## Figures", "",
+              "![Training loss per step, mean over seeds](loss_curves.png)", "",
+              "![P@1, P@3 and P@5 per method, mean ± std over seeds](precision.png)", ""]
+    report = output / "report.md"
+    text = "\n".join(lines)
+    atomic_write(report, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+    return report
