@@ -223,7 +223,7 @@ def test_set_keys_that_do_not_exist_or_values_of_the_wrong_type(tmp_path):
 def test_an_unknown_method_component_or_dataset(tmp_path, tiny_dataset):
     out = tmp_path / "out"
     assert_one_line_error(xmcbench("run", "lightxm", "--output", str(out), cwd=tmp_path),
-                          "unknown method 'lightxm': did you mean 'lightxml'?")
+                          "unknown method 'lightxm': did you mean 'lightxml'")
     assert_one_line_error(xmcbench("run", "lightxml", "--dataset", "debian-debtag", "--output", str(out),
                                    cwd=tmp_path),
                           "unknown dataset 'debian-debtag': did you mean 'debian-debtags'")

@@ -41,7 +41,7 @@ def test_config_prints_the_resolved_preset_and_overrides():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["run", "lightxm"], "unknown method 'lightxm': did you mean 'lightxml'?"),
+    (["run", "lightxm"], "unknown method 'lightxm': did you mean 'lightxml'"),
     (["run", "lightxml", "--set", "epoch=3", "--print-config"], "unknown setting 'epoch': did you mean 'epochs'"),
     (["run", "lightxml", "--set", "epochs=three", "--print-config"], "epochs must be int, got 'three'"),
     (["run", "lightxml", "--dataset", "wiki500k", "--data-dir", "/nonexistent"], "dataset 'wiki500k' not found"),

@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 from tabulate import tabulate
 
-from xmcbench import runner
+from xmcbench import ensemble, runner
 from xmcbench.errors import XmcError
 from xmcbench.metrics import format_metrics
 from xmcbench.pipeline import TrainingInterrupted
@@ -78,7 +78,8 @@ def config_command(method: str = typer.Argument(...), dataset: Optional[str] = D
 
 
 @app.command("predict")
-def predict_command(run_dir: Path = typer.Argument(..., help="a run directory (or its model/ folder)"),
+def predict_command(run_dir: Path = typer.Argument(..., help="a run directory (or its model/ folder), or an "
+                                                            "ensemble directory"),
                     input_file: Optional[Path] = typer.Option(None, "--input", "-i",
                                                               help="texts, one per line [default: stdin]"),
                     top_k: int = typer.Option(5, "--top-k", "-k")):
@@ -89,7 +90,8 @@ def predict_command(run_dir: Path = typer.Argument(..., help="a run directory (o
         texts = read_texts(input_file)
     else:
         texts = sys.stdin.read().splitlines()
-    for result in runner.predict_texts(run_dir, texts, top_k):
+    predict_texts = ensemble.predict_texts if ensemble.is_ensemble(run_dir) else runner.predict_texts
+    for result in predict_texts(run_dir, texts, top_k):
         typer.echo(json.dumps(result, ensure_ascii=False))
 
 
@@ -97,9 +99,30 @@ def predict_command(run_dir: Path = typer.Argument(..., help="a run directory (o
 def evaluate_command(run_dir: Path = typer.Argument(...), dataset: Optional[str] = typer.Option(None, "--dataset", "-d",
                      help="dataset to score on [default: the one the run trained on]"),
                      data_dir: Optional[Path] = DataDirOption):
-    """Score a saved model on a dataset's test split."""
-    metrics = runner.evaluate_run(run_dir, dataset, data_dir)
+    """Score a saved model (or an ensemble of runs) on a dataset's test split."""
+    evaluate_run = ensemble.evaluate_ensemble if ensemble.is_ensemble(run_dir) else runner.evaluate_run
+    metrics = evaluate_run(run_dir, dataset, data_dir)
     typer.echo(format_metrics(metrics))
+
+
+@app.command("ensemble")
+def ensemble_command(run_dirs: List[Path] = typer.Argument(..., help="finished run directories sharing one label "
+                                                                    "vocabulary"),
+                     output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                                           help="ensemble directory to write"),
+                     top_k: Optional[int] = typer.Option(None, "--top-k", "-k",
+                                                         help="labels taken from each member and kept "
+                                                              "[default: the members' top_k]"),
+                     data_dir: Optional[Path] = DataDirOption,
+                     overwrite: bool = typer.Option(False, "--overwrite", help="replace an ensemble in --output")):
+    """Ensemble saved runs: per document, scores summed over the union of the members' top-k (the paper's
+    Table 3); writes a directory that `predict` and `evaluate` accept."""
+    directory = ensemble.build_ensemble(run_dirs, output, top_k, data_dir, overwrite,
+                                        log=lambda line: typer.echo(line, err=True))
+    metrics = json.loads((directory / "metrics.json").read_text())
+    typer.echo(format_metrics({k: v for k, v in metrics.items() if isinstance(v, float)}))
+    typer.echo(f"{metrics['members']} members, top-{metrics['top_k']}, metrics from {metrics['metrics_from']}; "
+               f"ensemble directory: {directory}")
 
 
 @app.command("plugins")
@@ -132,7 +155,73 @@ def datasets_command(data_dir: Optional[Path] = DataDirOption):
                         intfmt=",", tablefmt="simple"))
 
 
+@app.command("report")
+def report_command(paths: List[Path] = typer.Argument(..., help="run directories, or folders searched recursively "
+                                                               "for them"),
+                   baseline: Optional[str] = typer.Option(None, "--baseline", "-b",
+                                                          help="method every other is compared with (paired "
+                                                               "t-test over seeds)"),
+                   fmt: str = typer.Option("github", "--format", "-f", help="table format: github, latex or json"),
+                   output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                                         help="folder to write [default: reports/report-TIMESTAMP]")):
+    """Compare saved runs: a table of mean ± std over seeds, figures and report.md; reads only run directories."""
+    import datetime
+    import shlex
+
+    from xmcbench import report
+
+    runs = report.load_runs(paths, log=lambda line: typer.echo(line, err=True))
+    if output is None:
+        output = Path("reports") / f"report-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    command = shlex.join(["xmcbench", "report", *map(str, paths), *(["--baseline", baseline] if baseline else []),
+                          "--format", fmt, "--output", str(output)])
+    path = report.write_report(runs, output, baseline, fmt, command=command)
+    typer.echo(report.render_table(report.summarize(runs, baseline), fmt))
+    typer.echo(f"{len(runs)} runs; report: {path}")
+
+
+@app.command("compare")
+def compare_command(methods: List[str] = typer.Argument(..., help="methods to compare, e.g. lightxml lightxml-static"),
+                    dataset: Optional[str] = DatasetOption,
+                    seeds: List[int] = typer.Option([0], "--seeds", help="seeds of every method (repeat: "
+                                                                          "--seeds 0 --seeds 1, or --seeds 0 1 2)"),
+                    baseline: Optional[str] = typer.Option(None, "--baseline", "-b",
+                                                           help="method the others are tested against"),
+                    set_options: Optional[List[str]] = SetOption,
+                    config_file: Optional[Path] = ConfigOption,
+                    fmt: str = typer.Option("github", "--format", "-f", help="table format: github, latex or json"),
+                    output: Path = typer.Option(Path("reports") / "compare", "--output", "-o",
+                                                help="folder for the runs (output/runs) and the report"),
+                    ensemble: bool = typer.Option(False, "--ensemble", help="also score an ensemble of each "
+                                                                           "method's seeds, side by side"),
+                    data_dir: Optional[Path] = DataDirOption):
+    """Train every (method, seed) cell without a saved result, reuse the rest, and write a report."""
+    import shlex
+
+    from xmcbench.compare import compare
+
+    command = shlex.join(["xmcbench", "compare", *sys.argv[2:]]) if sys.argv[1:2] == ["compare"] else None
+    path = compare(build_registry(), methods, dataset, seeds, output, set_options or [], config_file, baseline,
+                   fmt, ensemble, data_dir, command, log=lambda line: typer.echo(line, err=True))
+    typer.echo(f"report: {path}")
+
+
+def expand_seeds(argv: list[str]) -> list[str]:
+    """`--seeds 0 1 2` -> `--seeds 0 --seeds 1 --seeds 2`: the form our users type, which click reads
+    as one seed and two methods."""
+    expanded, in_seeds = [], False
+    for token in argv:
+        if in_seeds and token.lstrip("-").isdigit() and not token.startswith("--"):
+            expanded += ["--seeds", token]
+            continue
+        in_seeds = token == "--seeds"
+        if not in_seeds:
+            expanded.append(token)
+    return expanded
+
+
 def main() -> None:
+    sys.argv[1:] = expand_seeds(sys.argv[1:])
     try:
         app()
     except TrainingInterrupted as stop:
