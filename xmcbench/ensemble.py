@@ -36,7 +36,7 @@ from typing import Sequence
 import numpy as np
 
 from xmcbench.errors import XmcError
-from xmcbench.metrics import evaluate, propensity_scores
+from xmcbench.metrics import evaluate
 from xmcbench.modelio import load_model_dir
 from xmcbench.pipeline import Predictions, pick_device, predict, set_threads
 from xmcbench.registry import Registry, build_registry
@@ -195,13 +195,10 @@ def read_ensemble(directory: Path) -> Ensemble:
 
 def _score(labels: np.ndarray, dataset, model_label_names: list[str]) -> dict:
     """Metrics of test-set top lists (ids in the model vocabulary), as `xmcbench evaluate` computes them."""
-    from xmcbench.runner import remap_labels
+    from xmcbench.runner import truth_in_vocabulary
 
-    truth = remap_labels(dataset.test_labels, dataset.label_names, model_label_names)
-    counts = np.asarray((remap_labels(dataset.train_labels, dataset.label_names, model_label_names) > 0)
-                        .sum(0)).ravel()
-    inv = 1.0 / propensity_scores(counts, len(dataset.train_texts), dataset.propensity_a, dataset.propensity_b)
-    return evaluate(labels, truth, inv_propensity=inv)
+    truth, inv_propensity = truth_in_vocabulary(dataset, model_label_names)
+    return evaluate(labels, truth, inv_propensity=inv_propensity)
 
 
 def _predict_member(member: Member, texts: list[str], texts_key: str | None, top_k: int, registry: Registry,

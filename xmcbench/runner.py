@@ -353,14 +353,21 @@ def evaluate_run(run_dir: Path, dataset_name: str | None = None, data_dir: Path 
     set_threads(config)
     device = pick_device(config)
     dataset = open_dataset(registry, dataset_name, data_dir)
-    # the model's label ids follow its own vocabulary: map the dataset's test labels onto it
-    truth = remap_labels(dataset.test_labels, dataset.label_names, label_names)
+    truth, inv_propensity = truth_in_vocabulary(dataset, label_names)
     tokens = tokenize(dataset.test_texts, model.encoder.tokenizer, config.max_length, f"{dataset.version}/test",
                       description="tokenizing test")
     predictions = predict(model, tokens, config, device, description="predicting test")
-    counts = np.asarray((remap_labels(dataset.train_labels, dataset.label_names, label_names) > 0).sum(0)).ravel()
+    return score(predictions, truth, model, inv_propensity)
+
+
+def truth_in_vocabulary(dataset: Dataset, model_label_names: list[str]) -> tuple[sp.csr_matrix, np.ndarray]:
+    """A dataset's test labels (N, L_total) and inverse propensities (L_total,) re-indexed to a model's
+    label vocabulary, for scoring a saved model on any dataset that shares its labels."""
+    truth = remap_labels(dataset.test_labels, dataset.label_names, model_label_names)
+    train = remap_labels(dataset.train_labels, dataset.label_names, model_label_names)
+    counts = np.asarray((train > 0).sum(0)).ravel()
     inv = 1.0 / propensity_scores(counts, len(dataset.train_texts), dataset.propensity_a, dataset.propensity_b)
-    return score(predictions, truth, model, inv)
+    return truth, inv
 
 
 def remap_labels(labels: sp.csr_matrix, names: list[str], model_names: list[str]) -> sp.csr_matrix:
