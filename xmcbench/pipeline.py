@@ -12,6 +12,7 @@ import contextlib
 import copy
 import os
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -181,7 +182,7 @@ class TrainingLog:
 
 
 def build_optimizers(model: XMCModel, config: TrainConfig) -> list[torch.optim.Optimizer]:
-    """AdamW with weight decay except on biases and LayerNorm; the encoder at config.lr, the rest at
+    """AdamW with weight decay except on biases and LayerNorm; encoders at config.lr, the rest at
     config.head_lr (when set). Sparse embeddings get SparseAdam, which updates only the rows a step
     touched (and so carries no weight decay)."""
     head_lr = config.head_lr or config.lr
@@ -195,7 +196,7 @@ def build_optimizers(model: XMCModel, config: TrainConfig) -> list[torch.optim.O
             sparse.append(parameter)
             continue
         no_decay = parameter.ndim < 2 or "LayerNorm" in name or "layer_norm" in name or name.endswith(".bias")
-        lr = config.lr if name.startswith("encoder.") else head_lr
+        lr = config.lr if name.split(".")[0] in ("encoder", "ranker_encoder") else head_lr
         groups.setdefault((lr, 0.0 if no_decay else config.weight_decay), []).append(parameter)
     optimizers: list[torch.optim.Optimizer] = []
     if groups:
@@ -244,6 +245,8 @@ class Trainer:
         self.stage_index, self.stage_started = 0, False
         self.epoch = self.batch_in_epoch = self.step = 0
         self.stop_requested = False
+        self.train_seconds = 0.0   # training time so far, across interruptions
+        self._started = time.perf_counter()
 
     @property
     def stage(self) -> Stage:
@@ -254,7 +257,8 @@ class Trainer:
         sampler = self.model.sampler
         return {
             "position": {"stage": self.stage_index, "stage_started": self.stage_started, "epoch": self.epoch,
-                         "batch_in_epoch": self.batch_in_epoch, "step": self.step},
+                         "batch_in_epoch": self.batch_in_epoch, "step": self.step,
+                         "train_seconds": self.train_seconds + time.perf_counter() - self._started},
             "model": self.model.state_dict(),
             "sampler": sampler.training_state() if sampler is not None else {},
             "optimizers": [optimizer.state_dict() for optimizer in self.optimizers],
@@ -272,6 +276,7 @@ class Trainer:
         position = state["position"]
         self.stage_index, self.stage_started = position["stage"], position["stage_started"]
         self.epoch, self.batch_in_epoch, self.step = position["epoch"], position["batch_in_epoch"], position["step"]
+        self.train_seconds = position["train_seconds"]
         self.model.load_state_dict(state["model"])
         if self.model.sampler is not None:
             self.model.sampler.load_training_state(state["sampler"])
@@ -360,7 +365,9 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------------------
     def fit(self) -> tuple[nn.Module, TrainingLog]:
         """Train (or continue) through every stage; return the model to use (SWA-averaged where SWA ran,
-        or the best epoch under `validate`) in eval mode, and the log."""
+        or the best epoch under `validate`) in eval mode, and the log. train_seconds then holds the
+        training time of every session of this run."""
+        self._started = time.perf_counter()
         with _stop_on_interrupt(self):
             while self.stage_index < len(self.stages):
                 stage = self.stage
@@ -370,6 +377,7 @@ class Trainer:
                     self.run_epoch(stage)
                 self._end_stage()
             self.save_checkpoint()
+        self.train_seconds += time.perf_counter() - self._started
         final = self.model
         if self.best_state is not None:
             final.load_state_dict(self.best_state)

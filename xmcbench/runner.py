@@ -257,12 +257,11 @@ def run(plan: Plan, output: Path | None = None, data_dir: Path | None = None, ov
         if state is not None:
             trainer.load_state_dict(state)
             log(f"resuming {output} at step {trainer.step} (epoch {trainer.epoch + 1})")
-    started = time.perf_counter()
     try:
         model, training_log = trainer.fit()
     except TrainingInterrupted as stop:
         raise TrainingInterrupted(f"{stop}; continue with: xmcbench run --resume {output}") from None
-    train_seconds = time.perf_counter() - started
+    train_seconds = trainer.train_seconds
     write_training_log(output, training_log)
 
     started = time.perf_counter()
