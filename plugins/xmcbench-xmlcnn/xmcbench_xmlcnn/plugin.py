@@ -1,0 +1,19 @@
+"""Entry point of the xmcbench-xmlcnn package: registers the `xml-cnn` encoder and the `xmlcnn` methods.
+
+The recaller, ranker and sampler the methods name are the built-in ones; this package adds an encoder only.
+"""
+
+from xmcbench.hookspecs import hookimpl
+from xmcbench_xmlcnn.encoder import build_xmlcnn
+from xmcbench_xmlcnn.methods import xmlcnn_methods
+
+
+@hookimpl
+def xmcbench_register_components(registry):
+    registry.add_component("encoder", "xml-cnn", build_xmlcnn)
+
+
+@hookimpl
+def xmcbench_register_methods(registry):
+    for method in xmlcnn_methods():
+        registry.add_method(method)
