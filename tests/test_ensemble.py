@@ -15,11 +15,7 @@ from xmcbench.cli import app
 from xmcbench.errors import XmcError
 from xmcbench.metrics import format_metrics
 from xmcbench.registry import build_registry
-
-try:
-    from tests.conftest import write_tiny_dataset
-except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-    from conftest import write_tiny_dataset
+from xmcbench.testing import write_tiny_dataset
 
 cli = CliRunner()
 slow = pytest.mark.slow

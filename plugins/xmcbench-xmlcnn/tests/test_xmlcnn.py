@@ -17,7 +17,7 @@ import torch
 from xmcbench import runner
 from xmcbench.errors import XmcError
 from xmcbench.registry import build_registry
-from xmcbench.testing import check_component, check_encoder, make_tiny_transformer, tiny_config
+from xmcbench.testing import check_component, check_encoder, make_tiny_transformer, tiny_config, write_tiny_dataset
 from xmcbench_xmlcnn.encoder import XMLCNNEncoder, build_xmlcnn
 
 # small shapes so every test takes well under a second per forward pass
@@ -189,35 +189,6 @@ def test_plugin_is_found_through_its_entry_point(registry):
 
 
 # -- end to end ---------------------------------------------------------------------------------------
-
-TOPICS = {
-    "lang:python": "python interpreter module script pip",
-    "lang:c": "compiler library header gcc linker",
-    "role:program": "program command tool binary executable",
-    "role:doc": "documentation manual html reference guide",
-    "net:web": "http server browser web proxy",
-    "sound:audio": "audio sound mixer alsa music",
-    "x11:gui": "window desktop widget toolkit graphical",
-    "db:sql": "database sql query postgres table",
-}
-
-
-def write_tiny_dataset(folder: Path, train: int = 48, test: int = 16, seed: int = 0) -> Path:
-    """Texts whose words reveal their labels, in the raw-text layout (train/test _texts/_labels.txt)."""
-    rng = random.Random(seed)
-    names = sorted(TOPICS)
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, count in (("train", train), ("test", test)):
-        texts, labels = [], []
-        for _ in range(count):
-            chosen = rng.sample(names, rng.randint(1, 3))
-            words = " ".join(" ".join(rng.sample(TOPICS[name].split(), 3)) for name in chosen)
-            texts.append(f"package - {words}")
-            labels.append(" ".join(chosen))
-        (folder / f"{split}_texts.txt").write_text("\n".join(texts) + "\n")
-        (folder / f"{split}_labels.txt").write_text("\n".join(labels) + "\n")
-    return folder
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method, extra", [("xmlcnn", []), ("xmlcnn-clusters", ["cluster_size=2", "top_clusters=2"])])

