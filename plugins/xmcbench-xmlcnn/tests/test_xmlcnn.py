@@ -8,7 +8,6 @@ its entry point. Nothing is downloaded: the tokenizer is the bundled all-MiniLM-
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
