@@ -50,16 +50,16 @@ class TokenizedTexts:
 
     def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows `indices` -> input_ids (B, T) long and attention_mask (B, T) long, T = longest of them."""
+        indices = np.asarray(indices)
         lengths = self.lengths[indices]
         width = int(lengths.max()) if len(indices) else 0
-        input_ids = np.full((len(indices), width), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(indices), width), dtype=np.int64)
-        for row, (index, length) in enumerate(zip(indices, lengths)):
-            tokens = self.ids[self.offsets[index]:self.offsets[index] + length]
-            span = slice(width - length, width) if self.pad_left else slice(0, length)
-            input_ids[row, span] = tokens
-            mask[row, span] = 1
-        return torch.from_numpy(input_ids), torch.from_numpy(mask)
+        shift = (width - lengths) if self.pad_left else np.zeros_like(lengths)
+        relative = np.arange(width)[None, :] - shift[:, None]                  # (B, T) position in the document
+        mask = (relative >= 0) & (relative < lengths[:, None])
+        source = np.clip(self.offsets[indices][:, None] + relative, 0, max(len(self.ids) - 1, 0))
+        tokens = self.ids[source] if len(self.ids) else np.zeros(source.shape, dtype=np.int64)
+        input_ids = np.where(mask, tokens, self.pad_id).astype(np.int64)
+        return torch.from_numpy(input_ids), torch.from_numpy(mask.astype(np.int64))
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
