@@ -34,7 +34,7 @@ from xmcbench.pipeline import Predictions, Trainer, TrainingInterrupted, XMCMode
     recalled_truth, seed_everything, set_threads
 from xmcbench.registry import COMPONENT_KINDS, Registry, build_registry
 from xmcbench.storage import atomic_write, cache_dir, fingerprint, write_json
-from xmcbench.tokenization import TokenizedTexts, tokenize
+from xmcbench.tokenization import tokenize
 
 DEFAULT_DATASET = "debian-debtags-mini"
 FINISHED_MARKER = "metrics.json"
@@ -140,13 +140,6 @@ def split_train_rows(dataset: Dataset, config: TrainConfig) -> tuple[np.ndarray,
     return np.sort(training), np.sort(validation)
 
 
-def subset(tokens: TokenizedTexts, rows: np.ndarray) -> TokenizedTexts:
-    pieces = [tokens.ids[tokens.offsets[i]:tokens.offsets[i + 1]] for i in rows]
-    lengths = np.array([len(p) for p in pieces], dtype=np.int64)
-    ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
-    return TokenizedTexts(ids, np.concatenate([[0], np.cumsum(lengths)]), tokens.pad_id, tokens.pad_left)
-
-
 # -- the run ----------------------------------------------------------------------------------------
 
 def default_output(plan: Plan) -> Path:
@@ -239,7 +232,7 @@ def run(plan: Plan, output: Path | None = None, data_dir: Path | None = None, ov
 
     validate = None
     if len(validation_rows):
-        validation_tokens = subset(train_tokens, validation_rows)
+        validation_tokens = train_tokens.subset(validation_rows)
         validation_truth = dataset.train_labels[validation_rows]
 
         def validate(candidate: XMCModel) -> float:
@@ -250,7 +243,7 @@ def run(plan: Plan, output: Path | None = None, data_dir: Path | None = None, ov
     if not resume:
         write_run_config(output, plan, dataset, config, clusters, threads, device, train_rows, validation_rows,
                          registry)
-    trainer = Trainer(model, subset(train_tokens, train_rows), dataset.train_labels[train_rows], config, device,
+    trainer = Trainer(model, train_tokens.subset(train_rows), dataset.train_labels[train_rows], config, device,
                       validate, checkpoint_dir=output / "checkpoints", stages=registry.method(plan.method).stages)
     if resume:
         state = load_checkpoint(output / "checkpoints")

@@ -48,6 +48,14 @@ class TokenizedTexts:
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    def subset(self, rows: np.ndarray) -> "TokenizedTexts":
+        """The documents `rows`, in that order, as a new flat array (one gather, no loop per document)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        lengths = self.lengths[rows]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        source = np.repeat(self.offsets[rows] - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return TokenizedTexts(self.ids[source], offsets, self.pad_id, self.pad_left)
+
     def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows `indices` -> input_ids (B, T) long and attention_mask (B, T) long, T = longest of them."""
         indices = np.asarray(indices)
