@@ -12,6 +12,7 @@ import typer
 from tabulate import tabulate
 
 from xmcbench import ensemble, runner
+from xmcbench.distributed import is_main_process
 from xmcbench.errors import XmcError
 from xmcbench.metrics import format_metrics
 from xmcbench.pipeline import TrainingInterrupted
@@ -61,6 +62,8 @@ def run_command(method: Optional[str] = typer.Argument(None, help="method name, 
         return
     run_dir = runner.run(plan, output, data_dir, overwrite, registry, log=lambda line: typer.echo(line, err=True),
                          resume=resume is not None)
+    if not is_main_process():
+        return
     metrics = json.loads((run_dir / "metrics.json").read_text())
     timings = json.loads((run_dir / "timings.json").read_text())
     typer.echo(format_metrics({k: v for k, v in metrics.items() if isinstance(v, float)}))
@@ -235,7 +238,8 @@ def main() -> None:
     try:
         app()
     except TrainingInterrupted as stop:
-        typer.echo(f"xmcbench: {stop}", err=True)
+        if is_main_process():   # every process of a torchrun run stops; one says so
+            typer.echo(f"xmcbench: {stop}", err=True)
         sys.exit(130)
     except XmcError as error:
         typer.echo(f"xmcbench: error: {error}", err=True)

@@ -23,6 +23,7 @@ from torch import nn
 
 from xmcbench.candidates import expand_clusters
 from xmcbench.config import JOINT_TRAINING, Stage, TrainConfig
+from xmcbench.distributed import Distributed
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import Encoder, LabelClusters, Ranker, Recaller, Sampler
 from xmcbench.progress import progress_bar
@@ -56,14 +57,22 @@ class XMCModel(nn.Module):
                  "ranker": self.ranker}
         return {name: part for name, part in named.items() if part is not None}
 
+    def forward(self, *args, **kwargs):
+        """The training loss (see training_loss): what DistributedDataParallel calls."""
+        return self.training_loss(*args, **kwargs)
+
     def training_loss(self, input_ids, attention_mask, positives, doc_index,
-                      stage: Stage = JOINT_TRAINING[0]) -> tuple[torch.Tensor, dict]:
+                      stage: Stage = JOINT_TRAINING[0], weigh=None) -> tuple[torch.Tensor, dict]:
         """(B, T) ids and mask, positives (B, P) label ids padded with -1, doc_index (B,)
-        -> (scalar loss, {"recall": tensor, "rank": tensor}) with the losses `stage` counts."""
+        -> (scalar loss, {"recall": tensor, "rank": tensor}) with the losses `stage` counts.
+
+        weigh: None, or a function {part: (mean loss, number of terms averaged)} -> {part: (weight, reported
+        value)} that a distributed trainer uses to turn this process's means into its share of the global
+        batch's means; the loss is then the weighted sum and the parts the reported values."""
         with torch.set_grad_enabled("encoder" in stage.trains and torch.is_grad_enabled()):
             representation = self.encoder(input_ids, attention_mask)          # (B, D)
         recall_logits = self.recaller(representation)                        # (B, K)
-        total, parts = 0.0, {}
+        total, parts, counts = 0.0, {}, {}
         if "recall" in stage.losses:
             valid = positives >= 0
             rows = torch.arange(len(positives), device=positives.device).unsqueeze(1).expand_as(positives)
@@ -71,6 +80,7 @@ class XMCModel(nn.Module):
             cluster_targets[rows[valid], self.label_cluster[positives[valid]]] = 1.0
             recall_loss = self.recaller.loss(recall_logits, cluster_targets)
             total, parts["recall"] = recall_loss, recall_loss.detach()
+            counts["recall"] = recall_logits.numel()
         if "rank" in stage.losses and not self.is_flat:
             candidates = self.sampler(recall_logits.detach(), positives, self.clusters, doc_index)
             if self.ranker_encoder is not None:
@@ -80,6 +90,13 @@ class XMCModel(nn.Module):
             rank_loss = nn.functional.binary_cross_entropy_with_logits(
                 rank_logits.float()[candidates.mask], candidates.targets[candidates.mask])
             total, parts["rank"] = total + rank_loss, rank_loss.detach()
+            counts["rank"] = int(candidates.mask.sum())
+        if weigh is not None:
+            weights = weigh({name: (parts[name], counts[name]) for name in parts})
+            losses = {"recall": recall_loss if "recall" in parts else None,
+                      "rank": rank_loss if "rank" in parts else None}
+            total = sum(losses[name] * weights[name][0] for name in parts)
+            parts = {name: weights[name][1] for name in parts}
         return total, parts
 
     @torch.no_grad()
@@ -113,7 +130,10 @@ def _pad_right(labels: torch.Tensor, scores: torch.Tensor, width: int):
 
 # -- device, precision, randomness ------------------------------------------------------------------
 
-def pick_device(config: TrainConfig) -> torch.device:
+def pick_device(config: TrainConfig, dist: Distributed | None = None) -> torch.device:
+    """config.device; in a distributed run "auto" and "cuda" mean this process's GPU (cuda:LOCAL_RANK)."""
+    if dist is not None and dist.enabled and torch.cuda.is_available() and config.device in ("auto", "cuda"):
+        return torch.device("cuda", dist.local_rank)
     if config.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -186,7 +206,7 @@ def build_optimizers(model: XMCModel, config: TrainConfig) -> list[torch.optim.O
     config.head_lr (when set). Sparse embeddings get SparseAdam, which updates only the rows a step
     touched (and so carries no weight decay)."""
     head_lr = config.head_lr or config.lr
-    sparse_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.sparse}
+    sparse_ids = {id(parameter) for parameter in sparse_parameters(model).values()}
     groups: dict[tuple[float, float], list] = {}
     sparse = []
     for name, parameter in model.named_parameters():
@@ -208,6 +228,12 @@ def build_optimizers(model: XMCModel, config: TrainConfig) -> list[torch.optim.O
     return optimizers
 
 
+def sparse_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Parameters whose gradient is sparse (embeddings built with sparse=True), by qualified name."""
+    sparse_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.sparse}
+    return {name: parameter for name, parameter in model.named_parameters() if id(parameter) in sparse_ids}
+
+
 class TrainingInterrupted(XmcError):
     """Ctrl-C during training: a checkpoint was written first."""
 
@@ -222,14 +248,20 @@ class Trainer:
         fresh optimizers over the parts it trains and its own SWA average, folded into the model at its end.
     validate(model) -> a score to maximise, called on the model to use after each epoch of the last stage.
     checkpoint_dir: where checkpoints go (every config.checkpoint_every_steps steps, every
-        config.checkpoint_every_epochs epochs, on Ctrl-C and at the end); None: no checkpoints.
+        config.checkpoint_every_epochs epochs, on Ctrl-C and at the end); None: no checkpoints. Only rank 0
+        of a distributed run writes them.
+    dist: this process's place in a torchrun run (see xmcbench.distributed): each global batch is shared
+        among the processes and the model wrapped in DistributedDataParallel; a single process by default.
     """
 
     def __init__(self, model: XMCModel, tokens: TokenizedTexts, labels: sp.csr_matrix, config: TrainConfig,
                  device: torch.device, validate: Callable[[nn.Module], float] | None = None,
-                 checkpoint_dir=None, stages: tuple[Stage, ...] = JOINT_TRAINING) -> None:
+                 checkpoint_dir=None, stages: tuple[Stage, ...] = JOINT_TRAINING,
+                 dist: Distributed | None = None) -> None:
         self.model, self.tokens, self.labels, self.config, self.device = model, tokens, labels, config, device
         self.validate, self.checkpoint_dir, self.stages = validate, checkpoint_dir, stages
+        self.dist = dist or Distributed()
+        self.forward_model: nn.Module = model   # the model, or its DistributedDataParallel wrapper
         if model.is_flat and any("rank" in stage.losses and "recall" not in stage.losses for stage in stages):
             raise XmcError("this method trains a ranker in a stage of its own, which needs label clusters: "
                            "set cluster_size above 1 (e.g. --set cluster_size=8)")
@@ -302,7 +334,7 @@ class Trainer:
             self.best_score, self.best_state = state["best"]["score"], state["best"]["state"]
 
     def save_checkpoint(self) -> None:
-        if self.checkpoint_dir is not None:
+        if self.checkpoint_dir is not None and self.dist.is_main:
             from xmcbench.checkpoint import save_checkpoint
 
             save_checkpoint(self.checkpoint_dir, self.state_dict(), self.step)
@@ -316,7 +348,26 @@ class Trainer:
             if name not in stage.trains:
                 self.frozen.append(part)
         self.optimizers = build_optimizers(self.model, self.config)
+        self.forward_model = self._wrap_distributed()
         self._train_mode()
+
+    def _wrap_distributed(self) -> nn.Module:
+        """DistributedDataParallel over the parameters this stage trains (wrapped anew per stage, since it
+        registers only those). Sparse embeddings are left to average_sparse_gradient; buffers (the label
+        clusters) never change, so they are not re-broadcast every step; a transformer's pooler is unused."""
+        if not self.dist.enabled:
+            return self.model
+        from torch.nn.parallel import DistributedDataParallel
+
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            self.model, list(sparse_parameters(self.model)))
+        import inspect
+
+        no_buffer_sync = ({"forward_sync_buffers": False}   # newer torch deprecates broadcast_buffers
+                          if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                          else {"broadcast_buffers": False})
+        return DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else None,
+                                       find_unused_parameters=True, **no_buffer_sync)
 
     def _train_mode(self) -> None:
         """Training mode, except frozen parts, which run without dropout."""
@@ -351,16 +402,17 @@ class Trainer:
         """(N, top) long: every training document's top clusters under the current encoder and recaller."""
         self.model.eval()
         order = np.argsort(self.tokens.lengths, kind="stable")
-        recalled = torch.zeros((len(order), min(top, self.model.recaller.num_clusters)), dtype=torch.long)
-        for start in range(0, len(order), self.config.eval_batch_size):
-            rows = order[start:start + self.config.eval_batch_size]
+        mine = order[self.dist.rank::self.dist.world_size]   # each process a share of every length
+        recalled = np.zeros((len(mine), min(top, self.model.recaller.num_clusters)), dtype=np.int64)
+        for start in range(0, len(mine), self.config.eval_batch_size):
+            rows = mine[start:start + self.config.eval_batch_size]
             input_ids, attention_mask = self.tokens.batch(rows)
             with autocast(self.device, self.config):
                 logits = self.model.recaller(self.model.encoder(input_ids.to(self.device),
                                                                 attention_mask.to(self.device)))
-            recalled[torch.from_numpy(rows)] = logits.float().topk(recalled.shape[1], dim=1).indices.cpu()
+            recalled[start:start + len(rows)] = logits.float().topk(recalled.shape[1], dim=1).indices.cpu().numpy()
         self._train_mode()
-        return recalled
+        return torch.from_numpy(self.dist.gather_rows(mine, recalled, len(order), fill=0))
 
     # -- the loop ------------------------------------------------------------------------------------
     def fit(self) -> tuple[nn.Module, TrainingLog]:
@@ -422,24 +474,36 @@ class Trainer:
 
     def train_step(self, rows: np.ndarray, stage: Stage = JOINT_TRAINING[0]) -> dict:
         config, device, model = self.config, self.device, self.model
+        weigh = None
+        if self.dist.enabled:
+            shared = self.dist.shard(rows)
+            # Every process must take part in every step; one left without documents (a last batch smaller
+            # than the number of processes) runs a placeholder document whose loss weighs nothing.
+            weigh = self._weigh_for_global_batch(has_documents=len(shared) > 0)
+            rows = shared if len(shared) else rows[:1]
         input_ids, attention_mask = self.tokens.batch(rows)
         positives = padded_positives(self.labels, rows)
         with autocast(device, config):
-            loss, parts = model.training_loss(input_ids.to(device), attention_mask.to(device),
-                                              positives.to(device), torch.from_numpy(rows).to(device), stage)
-        if not torch.isfinite(loss):
+            loss, parts = self.forward_model(input_ids.to(device), attention_mask.to(device), positives.to(device),
+                                             torch.from_numpy(rows).to(device), stage, weigh=weigh)
+        reported = sum(parts.values()) if weigh is not None else loss.detach()
+        if not torch.isfinite(reported):
             kept = f"; the last good checkpoint is in {self.checkpoint_dir}" if self.checkpoint_dir else ""
-            raise XmcError(f"training diverged: the loss is {loss.item()} at step {self.step + 1} "
+            raise XmcError(f"training diverged: the loss is {reported.item()} at step {self.step + 1} "
                            f"(epoch {self.epoch + 1}){kept}; lower lr or disable amp (--set amp=false)")
         for optimizer in self.optimizers:
             optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
+        if self.dist.enabled:
+            for parameter in sparse_parameters(model).values():
+                if parameter.requires_grad:
+                    self.dist.average_sparse_gradient(parameter)
         for optimizer in self.optimizers:
             self.scaler.step(optimizer)
         self.scaler.update()
         self.step += 1
         self.batch_in_epoch += 1
-        record = {"step": self.step, "epoch": self.epoch + 1, "loss": loss.item(),
+        record = {"step": self.step, "epoch": self.epoch + 1, "loss": reported.item(),
                   **{name: value.item() for name, value in parts.items()}}
         if len(self.stages) > 1:
             record["stage"] = stage.name
@@ -450,6 +514,23 @@ class Trainer:
             self.swa_model.update_parameters(model)
             self.log.swa_updates += 1
         return record
+
+    def _weigh_for_global_batch(self, has_documents: bool):
+        """The `weigh` of XMCModel.training_loss for a distributed step: one all-reduce of every process's
+        (loss sum, term count) per part, plus the stop flag. Process r's part weighs
+        world_size * count_r / global_count, so DistributedDataParallel's gradient average equals the gradient
+        of the global batch's mean; the reported values are the global means, identical on every process."""
+        def weigh(parts: dict) -> dict:
+            names = sorted(parts)
+            local = [[float(parts[name][0]) * parts[name][1] * has_documents, parts[name][1] * has_documents]
+                     for name in names]
+            totals = self.dist.all_reduce_sum(torch.tensor(local + [[float(self.stop_requested), 0.0]],
+                                                           dtype=torch.float64))
+            self.stop_requested = bool(totals[-1, 0] > 0)   # every process stops after the same step
+            return {name: (self.dist.world_size * parts[name][1] * has_documents / float(totals[i, 1]),
+                           (totals[i, 0] / totals[i, 1]).float())
+                    for i, name in enumerate(names)}
+        return weigh
 
     def model_to_use(self) -> XMCModel:
         return self.swa_model.module if self.swa_model is not None else self.model
@@ -493,31 +574,37 @@ class Predictions:
 
 @torch.no_grad()
 def predict(model: XMCModel, tokens: TokenizedTexts, config: TrainConfig, device: torch.device,
-            description: str = "predicting") -> Predictions:
-    """Top-k labels of every document. Documents are batched by length so padding stays minimal."""
+            description: str = "predicting", dist: Distributed | None = None) -> Predictions:
+    """Top-k labels of every document. Documents are batched by length so padding stays minimal. In a
+    distributed run each process predicts every world_size-th document of the length order and every
+    process receives the full result."""
+    dist = dist or Distributed()
     was_training = model.training
     model.eval()
     model.to(device)
     order = np.argsort(tokens.lengths, kind="stable")
-    labels = np.full((len(tokens), config.top_k), -1, dtype=np.int64)
-    scores = np.full((len(tokens), config.top_k), -1.0, dtype=np.float32)
-    recalled = None
-    with progress_bar(description, total=len(tokens)) as advance:
-        for start in range(0, len(order), config.eval_batch_size):
-            rows = order[start:start + config.eval_batch_size]
+    mine = order[dist.rank::dist.world_size]
+    labels = np.full((len(mine), config.top_k), -1, dtype=np.int64)
+    scores = np.full((len(mine), config.top_k), -1.0, dtype=np.float32)
+    recalled = None if model.is_flat else np.zeros((len(mine), min(config.top_clusters, model.recaller.num_clusters)),
+                                                   dtype=np.int64)
+    with progress_bar(description, total=len(mine)) as advance:
+        for start in range(0, len(mine), config.eval_batch_size):
+            rows = mine[start:start + config.eval_batch_size]
+            where = slice(start, start + len(rows))
             input_ids, attention_mask = tokens.batch(rows)
             with autocast(device, config):
                 (top_labels, top_scores), top_clusters = model.predict_top(
                     input_ids.to(device), attention_mask.to(device), config.top_clusters, config.top_k)
-            labels[rows] = top_labels.cpu().numpy()
-            scores[rows] = top_scores.float().cpu().numpy()
+            labels[where] = top_labels.cpu().numpy()
+            scores[where] = top_scores.float().cpu().numpy()
             if top_clusters is not None:
-                if recalled is None:
-                    recalled = np.zeros((len(tokens), top_clusters.shape[1]), dtype=np.int64)
-                recalled[rows] = top_clusters.cpu().numpy()
+                recalled[where] = top_clusters.cpu().numpy()
             advance(len(rows))
     model.train(was_training)
-    return Predictions(labels, scores, recalled)
+    return Predictions(dist.gather_rows(mine, labels, len(tokens), fill=-1),
+                       dist.gather_rows(mine, scores, len(tokens), fill=-1.0),
+                       None if recalled is None else dist.gather_rows(mine, recalled, len(tokens), fill=0))
 
 
 def recalled_truth(truth: sp.csr_matrix, recalled: np.ndarray, label_cluster: np.ndarray) -> sp.csr_matrix:

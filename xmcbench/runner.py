@@ -25,6 +25,7 @@ import xmcbench
 from xmcbench import clustering
 from xmcbench.config import TrainConfig, resolve_config
 from xmcbench.data import Dataset, data_dir_from_env, load_dataset, load_dataset_from_path
+from xmcbench.distributed import Distributed, broadcast_text, from_environment, shutdown
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import LabelClusters
 from xmcbench.metrics import evaluate, propensity_scores
@@ -200,12 +201,27 @@ def run(plan: Plan, output: Path | None = None, data_dir: Path | None = None, ov
 
     resume=True continues the unfinished run in `output` from its last checkpoint (see plan_resume)."""
     registry = registry or build_registry()
+    dist = from_environment()
+    try:
+        return _run(plan, output, data_dir, overwrite, registry, log, resume, dist)
+    finally:
+        shutdown(dist)
+
+
+def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool, registry: Registry, log,
+         resume: bool, dist: Distributed) -> Path:
+    """run() in one process of a (possibly distributed) run: every process trains and predicts its share,
+    rank 0 alone writes the run directory and logs."""
     config = plan.config
+    if not dist.is_main:
+        log = lambda line: None  # noqa: E731  (one voice per run)
     output = Path(output) if output else default_output(plan)
-    if not resume:
+    if dist.enabled:   # every process must write into the one directory rank 0 chose (names carry the time)
+        output = Path(broadcast_text(dist, str(output)))
+    if not resume and dist.is_main:
         prepare_output(output, overwrite)
     threads = set_threads(config)
-    device = pick_device(config)
+    device = pick_device(config, dist)
     dataset = open_dataset(registry, plan.dataset, data_dir)
     if resume:
         from xmcbench.storage import read_json
@@ -215,19 +231,25 @@ def run(plan: Plan, output: Path | None = None, data_dir: Path | None = None, ov
             raise XmcError(f"the dataset {plan.dataset} changed since {output} was started "
                            f"(version {dataset.version}, recorded {recorded}); start a new run instead")
     log(f"{plan.method} on {dataset.name}: {len(dataset.train_texts)} train / {len(dataset.test_texts)} test "
-        f"documents, {dataset.num_labels} labels; device {device}, {threads} threads")
+        f"documents, {dataset.num_labels} labels; device {device}, {threads} threads"
+        + (f", {dist.world_size} processes (global batch {config.batch_size}, about "
+           f"{config.batch_size / dist.world_size:g} documents per process)" if dist.enabled else ""))
     if dataset.report:
         log("input policies applied (see data_report.json): "
             + ", ".join(f"{key} {value}" for key, value in sorted(dataset.report.items())))
     seed_everything(config.seed)
     train_rows, validation_rows = split_train_rows(dataset, config)
-    clusters = label_clusters(dataset, config, train_rows)
+    with dist.main_first():   # rank 0 fills the caches, the others read them
+        clusters = label_clusters(dataset, config, train_rows)
     model = build_model(registry, config, clusters)
     tokenizer = model.encoder.tokenizer
-    train_tokens = tokenize(dataset.train_texts, tokenizer, config.max_length, f"{dataset.version}/train",
-                            description="tokenizing train")
-    test_tokens = tokenize(dataset.test_texts, tokenizer, config.max_length, f"{dataset.version}/test",
-                           description="tokenizing test")
+    with dist.main_first():
+        train_tokens = tokenize(dataset.train_texts, tokenizer, config.max_length, f"{dataset.version}/train",
+                                description="tokenizing train")
+        test_tokens = tokenize(dataset.test_texts, tokenizer, config.max_length, f"{dataset.version}/test",
+                               description="tokenizing test")
+    if dist.enabled:   # same initial weights everywhere (DDP also broadcasts them), different dropout masks
+        torch.manual_seed(config.seed + dist.rank)
     inv_propensity = inverse_propensity(dataset, train_rows)
 
     validate = None
@@ -236,15 +258,17 @@ def run(plan: Plan, output: Path | None = None, data_dir: Path | None = None, ov
         validation_truth = dataset.train_labels[validation_rows]
 
         def validate(candidate: XMCModel) -> float:
-            found = predict(candidate, validation_tokens, config, device, description="validating")
+            found = predict(candidate, validation_tokens, config, device, description="validating", dist=dist)
             return score(found, validation_truth, candidate, inv_propensity)["P@5"]
 
-    output.mkdir(parents=True, exist_ok=True)
-    if not resume:
-        write_run_config(output, plan, dataset, config, clusters, threads, device, train_rows, validation_rows,
-                         registry)
+    if dist.is_main:
+        output.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            write_run_config(output, plan, dataset, config, clusters, threads, device, train_rows, validation_rows,
+                             registry, dist)
     trainer = Trainer(model, train_tokens.subset(train_rows), dataset.train_labels[train_rows], config, device,
-                      validate, checkpoint_dir=output / "checkpoints", stages=registry.method(plan.method).stages)
+                      validate, checkpoint_dir=output / "checkpoints", stages=registry.method(plan.method).stages,
+                      dist=dist)
     if resume:
         state = load_checkpoint(output / "checkpoints")
         if state is not None:
@@ -255,11 +279,12 @@ def run(plan: Plan, output: Path | None = None, data_dir: Path | None = None, ov
     except TrainingInterrupted as stop:
         raise TrainingInterrupted(f"{stop}; continue with: xmcbench run --resume {output}") from None
     train_seconds = trainer.train_seconds
-    write_training_log(output, training_log)
-
     started = time.perf_counter()
-    predictions = predict(model, test_tokens, config, device, description="predicting test")
+    predictions = predict(model, test_tokens, config, device, description="predicting test", dist=dist)
     predict_seconds = time.perf_counter() - started
+    if not dist.is_main:
+        return output
+    write_training_log(output, training_log)
     metrics = score(predictions, dataset.test_labels, model, inv_propensity)
     save_model_dir(output / "model", model, config, dataset.label_names[:dataset.num_labels])
     save_predictions(output / "predictions.safetensors", predictions)
@@ -280,14 +305,15 @@ def run(plan: Plan, output: Path | None = None, data_dir: Path | None = None, ov
 
 
 def write_run_config(output, plan, dataset, config, clusters, threads, device, train_rows, validation_rows,
-                     registry) -> None:
+                     registry, dist: Distributed) -> None:
     dataset_ref = plan.dataset if plan.dataset in registry.datasets else str(Path(plan.dataset).resolve())
     write_json(output / "config.json", {"method": plan.method, "dataset": dataset_ref, "dataset_name": dataset.name,
                                         "dataset_version": dataset.version, "config": config.to_dict(),
                                         "resolved": {"num_labels": dataset.num_labels,
                                                      "num_clusters": clusters.num_clusters,
                                                      "flat": clusters.is_flat, "threads": threads,
-                                                     "device": str(device), "train_docs": len(train_rows),
+                                                     "device": str(device), "processes": dist.world_size,
+                                                     "train_docs": len(train_rows),
                                                      "validation_docs": len(validation_rows)}})
     write_json(output / "environment.json", environment())
 

