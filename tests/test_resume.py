@@ -29,7 +29,7 @@ DRIVER = textwrap.dedent("""
     def train_step(self, rows, stage):
         if action == "nan" and self.step + 1 == at_step:
             original_loss = self.model.training_loss
-            self.model.training_loss = lambda *a: (original_loss(*a)[0] * float("nan"), {})
+            self.model.training_loss = lambda *a, **k: (original_loss(*a, **k)[0] * float("nan"), {})
         record = original_step(self, rows, stage)
         if self.step == at_step and action in ("kill", "interrupt"):
             os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGINT)

@@ -219,6 +219,34 @@ def compare_command(methods: List[str] = typer.Argument(..., help="methods to co
     typer.echo(f"report: {path}")
 
 
+@app.command("synthetic")
+def synthetic_command(shape: str = typer.Argument(..., help="shape to imitate: amazon670k, wiki500k or tiny "
+                                                            "(xmcbench.synthetic.SHAPES)"),
+                      output: Path = typer.Option(..., "--output", "-o", help="folder to write (new, empty, or "
+                                                                               "a previous synthetic dataset)"),
+                      train_docs: Optional[int] = typer.Option(None, "--train-docs",
+                                                               help="[default: the shape's train size]"),
+                      test_docs: Optional[int] = typer.Option(None, "--test-docs",
+                                                              help="[default: the shape's test size]"),
+                      seed: int = typer.Option(0, "--seed", help="random seed: same seed, same dataset")):
+    """Write a synthetic dataset at the shape of a large benchmark (for speed and scale, never accuracy).
+
+    The folder works as `xmcbench run lightxml --dataset DIR`; synthetic data never replaces real data in
+    accuracy claims."""
+    import shlex
+
+    from xmcbench import synthetic
+
+    spec = synthetic.get_shape(shape)
+    command = shlex.join(["xmcbench", "synthetic", shape, "--output", str(output),
+                          *(["--train-docs", str(train_docs)] if train_docs is not None else []),
+                          *(["--test-docs", str(test_docs)] if test_docs is not None else []), "--seed", str(seed)])
+    folder = synthetic.write_dataset(output, spec, train_docs, test_docs, seed, command=command)
+    stats = json.loads((folder / "stats.json").read_text())
+    typer.echo(f"synthetic {shape}: {stats['n_train']:,} train / {stats['n_test']:,} test documents, "
+               f"{stats['n_labels']:,} labels, in {folder} (not for accuracy claims)")
+
+
 def expand_seeds(argv: list[str]) -> list[str]:
     """`--seeds 0 1 2` -> `--seeds 0 --seeds 1 --seeds 2`: the form our users type, which click reads
     as one seed and two methods."""
