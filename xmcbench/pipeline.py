@@ -220,9 +220,13 @@ def build_optimizers(model: XMCModel, config: TrainConfig) -> list[torch.optim.O
         groups.setdefault((lr, 0.0 if no_decay else config.weight_decay), []).append(parameter)
     optimizers: list[torch.optim.Optimizer] = []
     if groups:
-        optimizers.append(torch.optim.AdamW(
-            [{"params": params, "lr": lr, "weight_decay": decay} for (lr, decay), params in groups.items()],
-            lr=config.lr))
+        param_groups = [{"params": params, "lr": lr, "weight_decay": decay} for (lr, decay), params in groups.items()]
+        try:
+            # The fused kernel updates all parameters in one pass; on a 2-core CPU it made the AdamW step
+            # over MiniLM + BERT-sized tensors about 4x faster than the default loop (benchmarks/).
+            optimizers.append(torch.optim.AdamW(param_groups, lr=config.lr, fused=True))
+        except (RuntimeError, TypeError, ValueError):   # a torch or device without the fused kernel
+            optimizers.append(torch.optim.AdamW(param_groups, lr=config.lr))
     if sparse:
         optimizers.append(torch.optim.SparseAdam(sparse, lr=head_lr))
     return optimizers
