@@ -4,6 +4,7 @@ line that names the file, says what is wrong and what to do; nothing is ever unp
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import pickle
@@ -18,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from xmcbench import runner
 from xmcbench.errors import XmcError
-from xmcbench.modelio import REDO, SCHEMA_VERSION, file_digest, load_model_dir
+from xmcbench.modelio import REDO, SCHEMA_VERSION, file_digest, load_model_dir, model_size, save_model_dir
 from xmcbench.registry import build_registry
 from xmcbench.testing import write_tiny_dataset
 
@@ -270,6 +271,169 @@ def test_predict_reports_a_damaged_model_in_one_line(case, run_copy):
     assert result.stdout == ""
 
 
+
+# -- weights stored in half precision ----------------------------------------------------------------
+
+HALF_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+TEXTS = ["package - audio sound mixer", "database sql query web proxy", "window desktop toolkit manual"]
+
+
+def resave(run_dir: Path, registry, storage_dtype: str) -> None:
+    """Rewrite run_dir's model directory with its floating-point weights stored in `storage_dtype`."""
+    model, config, labels = load_model_dir(run_dir, registry)
+    save_model_dir(run_dir / "model", model, dataclasses.replace(config, storage_dtype=storage_dtype), labels)
+
+
+@pytest.fixture(params=list(HALF_DTYPES))
+def half_run(request, run_copy, registry) -> tuple[Path, str]:
+    resave(run_copy, registry, request.param)
+    return run_copy, request.param
+
+
+def data_bytes(weights: Path) -> int:
+    """Bytes of tensor data in a safetensors file (its size less the 8-byte length and the header)."""
+    data = weights.read_bytes()
+    return len(data) - 8 - int.from_bytes(data[:8], "little")
+
+
+@slow
+def test_half_precision_round_trip(half_run, trained_run, registry):
+    run_dir, name = half_run
+    dtype = HALF_DTYPES[name]
+    full_file, half_file = trained_run / "model" / "weights.safetensors", run_dir / "model" / "weights.safetensors"
+    original, config, _ = load_model_dir(trained_run, registry)
+    loaded, loaded_config, _ = load_model_dir(run_dir, registry)
+
+    size = model_size(original)
+    assert size["parameters"] == sum(p.numel() for p in original.parameters())
+    assert data_bytes(full_file) == size["bytes"]["float32"] and data_bytes(half_file) == size["bytes"][name]
+    assert half_file.stat().st_size < 0.6 * full_file.stat().st_size
+
+    meta = json.loads((run_dir / "model" / "model.json").read_text())
+    assert meta["storage_dtype"] == meta["config"]["storage_dtype"] == loaded_config.storage_dtype == name
+    header = json.loads(half_file.read_bytes()[8:8 + int.from_bytes(half_file.read_bytes()[:8], "little")])
+    stored = {entry["dtype"] for key, entry in header.items() if key != "__metadata__"}
+    assert stored == {{"float16": "F16", "bfloat16": "BF16"}[name], "I64"}   # label clusters stay integers
+
+    expected, found = original.state_dict(), loaded.state_dict()
+    assert expected.keys() == found.keys()
+    for key, tensor in expected.items():
+        assert found[key].dtype == tensor.dtype, key          # upcast back to the model's float32
+        rounded = tensor.to(dtype).float() if tensor.is_floating_point() else tensor
+        assert torch.equal(found[key], rounded), key
+    assert any(not torch.equal(found[k], t) for k, t in expected.items() if t.is_floating_point())
+
+    full = runner.predict_texts(trained_run, TEXTS, top_k=3, registry=registry)
+    half = runner.predict_texts(run_dir, TEXTS, top_k=3, registry=registry)
+    for a, b in zip(full, half):
+        assert a["labels"][0] == b["labels"][0], (a, b)
+        assert max(abs(x - y) for x, y in zip(a["scores"], b["scores"])) < 5e-3, (a, b)
+
+
+@slow
+def test_a_float32_save_writes_the_same_file_as_before(run_copy, trained_run, registry):
+    resave(run_copy, registry, "float32")
+    meta = json.loads((run_copy / "model" / "model.json").read_text())
+    assert meta["storage_dtype"] == "float32"
+    assert (run_copy / "model" / "weights.safetensors").read_bytes() == \
+        (trained_run / "model" / "weights.safetensors").read_bytes()
+
+
+@slow
+def test_a_directory_saved_before_storage_dtypes_loads_as_float32(run_copy, registry):
+    def forget(meta):
+        del meta["storage_dtype"], meta["config"]["storage_dtype"]
+    edit_json(run_copy / "model" / "model.json", forget)
+    model, config, _ = load_model_dir(run_copy, registry)
+    assert config.storage_dtype == "float32"
+    assert all(t.dtype == torch.float32 for t in model.state_dict().values() if t.is_floating_point())
+
+
+def half_stored_as_float32(model):
+    """model.json claims float32 weights for a file that holds half ones."""
+    edit_json(model / "model.json", lambda meta: meta.update(storage_dtype="float32"))
+
+
+def one_tensor_in_float32(model):
+    """One tensor written back in float32, with checksums recorded for the new file."""
+    weights = model / "weights.safetensors"
+    tensors = load_file(str(weights))
+    tensors["recaller.linear.bias"] = tensors["recaller.linear.bias"].float()
+    save_file(tensors, str(weights))
+    refresh_checksums(model)
+
+
+def unreadable_storage_dtype(model):
+    edit_json(model / "model.json", lambda meta: meta.update(storage_dtype="float8"))
+
+
+HALF_CORRUPTIONS = {
+    "weights-truncated": CORRUPTIONS["weights-truncated"],
+    "weights-tampered": CORRUPTIONS["weights-tampered"],
+    "weights-other-shape-consistent-checksums": CORRUPTIONS["weights-other-shape-consistent-checksums"],
+    "weights-other-model": CORRUPTIONS["weights-other-model"],
+    "weights-truncated-old-format": (lambda model: (drop_checksums(model), truncate_weights(model)),
+                                     ["weights.safetensors", "truncated"], True),
+    "dtype-other-than-recorded": (half_stored_as_float32, ["weights.safetensors", "does not match model.json",
+                                                           "storage_dtype float32", "F32"], True),
+    "one-tensor-in-float32": (one_tensor_in_float32, ["weights.safetensors", "'recaller.linear.bias'",
+                                                      "stored as F32"], True),
+    "storage-dtype-unreadable": (unreadable_storage_dtype, ["model.json", "'float8'", "float16", "upgrade"], True),
+}
+
+
+@slow
+@pytest.mark.parametrize("case", list(HALF_CORRUPTIONS))
+def test_a_damaged_half_precision_directory_ends_in_one_line(case, half_run, registry):
+    run_dir, _ = half_run
+    corrupt, words, says_redo = HALF_CORRUPTIONS[case]
+    corrupt(run_dir / "model")
+    with pytest.raises(XmcError) as raised:
+        load_model_dir(run_dir, registry)
+    message = str(raised.value)
+    assert "\n" not in message and "\r" not in message, message
+    for word in words:
+        assert word in message, (word, message)
+    assert (REDO in message) == says_redo, message
+
+
+@slow
+def test_a_bad_storage_dtype_ends_in_one_line_and_writes_nothing(trained_run, registry, tmp_path):
+    model, config, labels = load_model_dir(trained_run, registry)
+    with pytest.raises(XmcError) as raised:
+        save_model_dir(tmp_path / "model", model, dataclasses.replace(config, storage_dtype="half"), labels)
+    message = str(raised.value)
+    assert "\n" not in message and "'half'" in message, message
+    assert all(name in message for name in ("float32", "float16", "bfloat16")), message
+    assert not (tmp_path / "model").exists()
+
+
+@slow
+def test_weights_beyond_float16s_range_end_in_one_line(trained_run, registry, tmp_path):
+    model, config, labels = load_model_dir(trained_run, registry)
+    with torch.no_grad():
+        model.recaller.linear.bias[0] = 1e6
+    with pytest.raises(XmcError) as raised:
+        save_model_dir(tmp_path / "half", model, dataclasses.replace(config, storage_dtype="float16"), labels)
+    assert "recaller.linear.bias" in str(raised.value) and "bfloat16" in str(raised.value)
+    assert not (tmp_path / "half").exists()
+    save_model_dir(tmp_path / "bf16", model, dataclasses.replace(config, storage_dtype="bfloat16"), labels)
+    loaded, _, _ = load_model_dir(tmp_path / "bf16", registry)
+    assert loaded.recaller.linear.bias[0] == torch.tensor(1e6).to(torch.bfloat16).float()
+
+
+def test_a_bad_storage_dtype_setting_is_one_line():
+    from xmcbench.config import TrainConfig, apply_overrides
+    from xmcbench.modelio import storage_dtype
+
+    assert storage_dtype(apply_overrides(TrainConfig(), {"storage_dtype": "bfloat16"}, "--set").storage_dtype) \
+        is torch.bfloat16
+    with pytest.raises(XmcError) as raised:
+        storage_dtype(apply_overrides(TrainConfig(), {"storage_dtype": "fp16"}, "--set").storage_dtype)
+    assert str(raised.value).count("\n") == 0 and "float32, float16, bfloat16" in str(raised.value)
+    with pytest.raises(XmcError, match="storage_dtype must be str"):
+        apply_overrides(TrainConfig(), {"storage_dtype": 16}, "config.toml")
+
 # -- no pickle anywhere in the package ---------------------------------------------------------------
 
 PICKLE_MODULES = {"pickle", "_pickle", "cPickle", "cloudpickle", "dill", "joblib"}
@@ -331,3 +495,11 @@ def test_no_pickle_and_no_unsafe_torch_load_in_the_package():
     for path in files:
         found += unsafe_loads(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))
     assert not found, "loading must never unpickle: " + "; ".join(found)
+
+
+def test_a_bad_storage_dtype_is_refused_before_any_data_is_read():
+    from xmcbench.registry import build_registry
+    from xmcbench.runner import plan_run
+
+    with pytest.raises(XmcError, match="storage_dtype='half'.*float16"):
+        plan_run(build_registry(), "lightxml", "debian-debtags-mini", set_options=["storage_dtype=half"])

@@ -63,6 +63,7 @@ class TrainConfig:
     threads: int = 0               # torch CPU threads (0: one per core)
     seed: int = 0
     top_k: int = 10                # labels kept per test document
+    storage_dtype: str = "float32"  # saved weights: float32 | float16 | bfloat16 (computing stays float32)
     options: dict[str, Any] = field(default_factory=dict)  # free-form knobs for third-party components
 
     def to_dict(self) -> dict[str, Any]:

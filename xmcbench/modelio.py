@@ -1,11 +1,16 @@
 """Model directories: weights as safetensors, everything else as JSON, the encoder's config and tokenizer
 as Hugging Face files. Loading never unpickles anything.
 
-    model/weights.safetensors   every parameter and buffer of the XMCModel (label clusters included)
+    model/weights.safetensors   every parameter and buffer of the XMCModel (label clusters included);
+                                floating-point ones in the config's storage_dtype (float32, float16 or
+                                bfloat16), integer ones as they are
     model/labels.json           the label names, in label-id order
-    model/model.json            schema, config, shapes, encoder parameters, and the size and sha256 of
-                                every other file of the directory ("files")
+    model/model.json            schema, config, shapes, encoder parameters, the storage dtype, and the size
+                                and sha256 of every other file of the directory ("files")
     model/encoder/              the encoder's Hugging Face config and tokenizer
+
+Half-precision storage only shrinks the file: loading upcasts every weight to the model's float32, so a
+loaded model computes as before, with weights rounded to the storage dtype.
 
 Loading checks the directory before trusting it: a truncated, damaged, tampered or mismatched file, a
 missing one, a model.json from a newer xmcbench, or a component no installed plugin provides each end in
@@ -22,7 +27,7 @@ import re
 from pathlib import Path, PurePosixPath
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import _remove_duplicate_names, load_model, save_file
 
 import xmcbench
 from xmcbench.config import TrainConfig
@@ -39,6 +44,12 @@ REDO = "re-run training or copy the model directory again"
 MAX_HEADER_BYTES = 100_000_000   # safetensors' own limit
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
                "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+# the storage_dtype setting's values; directories saved before it existed hold float32 weights
+STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DEFAULT_STORAGE_DTYPE = "float32"
+SAFETENSORS_DTYPES = {torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16",
+                      torch.int32: "I32", torch.int64: "I64", torch.float16: "F16", torch.bfloat16: "BF16",
+                      torch.float32: "F32", torch.float64: "F64"}
 
 
 def build_model(registry: Registry, config: TrainConfig, clusters: LabelClusters,
@@ -57,6 +68,55 @@ def build_model(registry: Registry, config: TrainConfig, clusters: LabelClusters
 
 # -- saving -----------------------------------------------------------------------------------------
 
+def storage_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a storage_dtype setting; any other value ends in one XmcError line."""
+    if name not in STORAGE_DTYPES:
+        raise XmcError(f"storage_dtype={name!r} is not a storage dtype; valid ones: {', '.join(STORAGE_DTYPES)} "
+                       f"(e.g. --set storage_dtype=float16)")
+    return STORAGE_DTYPES[name]
+
+
+def _unique_state(model: XMCModel) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The model's state_dict with each group of names sharing one tensor reduced to one name, as
+    safetensors' save_model does (its load_model expects exactly that): (tensors, {dropped name: kept name})."""
+    state = model.state_dict()
+    dropped = {}
+    for kept, names in _remove_duplicate_names(state).items():
+        for name in names:
+            dropped[name] = kept
+            del state[name]
+    return state, dropped
+
+
+def model_size(model: XMCModel) -> dict:
+    """{"parameters": the model's parameter count, "bytes": {storage dtype: bytes of tensor data its
+    weights.safetensors holds when saved in that dtype}}. The file adds a header of a few KB (the tensors'
+    names and shapes); integer buffers (label clusters) keep their own dtype in every storage dtype."""
+    state, _ = _unique_state(model)
+    sizes = {}
+    for name, dtype in STORAGE_DTYPES.items():
+        sizes[name] = sum(t.numel() * (dtype.itemsize if t.is_floating_point() else t.element_size())
+                          for t in state.values())
+    return {"parameters": sum(p.numel() for p in model.parameters()), "bytes": sizes}
+
+
+def stored_tensors(model: XMCModel, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors as weights.safetensors holds them, safetensors metadata): every floating-point tensor in
+    `dtype`, integer ones unchanged, shared tensors once. A finite value beyond `dtype`'s range (float16
+    tops out at 65504) would become infinite, so it ends in one XmcError line instead."""
+    state, dropped = _unique_state(model)
+    tensors = {}
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            converted = tensor.to(dtype)
+            if int(torch.isfinite(converted).sum()) < int(torch.isfinite(tensor).sum()):
+                largest = float(tensor[torch.isfinite(tensor)].abs().max())
+                raise XmcError(f"tensor {name!r} holds values up to {largest:.4g}, beyond the range of "
+                               f"{str(dtype).removeprefix('torch.')}: save with storage_dtype=bfloat16 or float32")
+            tensor = converted
+        tensors[name] = tensor.contiguous()
+    return tensors, dropped
+
 def file_digest(path: Path) -> dict:
     """{"bytes": size, "sha256": hex digest} of a file, read in 1 MiB blocks."""
     digest = hashlib.sha256()
@@ -67,12 +127,16 @@ def file_digest(path: Path) -> dict:
 
 
 def save_model_dir(directory: Path, model: XMCModel, config: TrainConfig, label_names: list[str]) -> None:
+    """Write the model directory; floating-point weights are stored in config.storage_dtype."""
     directory = Path(directory)
+    # converted before anything is written: a bad setting or an overflow leaves no half-written directory
+    tensors, dropped = stored_tensors(model, storage_dtype(config.storage_dtype))
     directory.mkdir(parents=True, exist_ok=True)
     encoder_dir = directory / ENCODER_FOLDER
     encoder_params = model.encoder.export(encoder_dir)
     encoder_params = {k: (ENCODER_FOLDER if v == str(encoder_dir) else v) for k, v in encoder_params.items()}
-    atomic_write(directory / "weights.safetensors", lambda temporary: save_model(model, str(temporary)))
+    atomic_write(directory / "weights.safetensors",
+                 lambda temporary: save_file(tensors, str(temporary), metadata=dropped or None))
     write_json(directory / "labels.json", label_names)
     files = ["weights.safetensors", "labels.json"]
     if encoder_dir.is_dir():
@@ -87,6 +151,7 @@ def save_model_dir(directory: Path, model: XMCModel, config: TrainConfig, label_
         "num_clusters": model.clusters.num_clusters,
         "cluster_size": model.cluster_labels.shape[1],
         "encoder_params": encoder_params,
+        "storage_dtype": config.storage_dtype,
         "files": {name: file_digest(directory / name) for name in files},
     })
 
@@ -148,6 +213,11 @@ def _read_meta(directory: Path) -> dict:
     if meta["num_clusters"] * meta["cluster_size"] < meta["num_labels"]:
         raise XmcError(f"{path}: {meta['num_clusters']} clusters of at most {meta['cluster_size']} labels cannot "
                        f"hold {meta['num_labels']} labels: the model description is damaged; {REDO}")
+    stored = meta.setdefault("storage_dtype", DEFAULT_STORAGE_DTYPE)
+    if stored not in STORAGE_DTYPES:
+        raise XmcError(f"{path}: 'storage_dtype' is {stored!r}, which this xmcbench ({xmcbench.__version__}) cannot "
+                       f"read (it reads {', '.join(STORAGE_DTYPES)}): the model description is damaged or comes "
+                       f"from a newer xmcbench; upgrade xmcbench or {REDO}")
     return meta
 
 
@@ -271,13 +341,21 @@ def _check_components(registry: Registry, config: TrainConfig, flat: bool, path:
                            f"{kind} {name!r} (`xmcbench plugins` lists the loaded ones)")
 
 
-def _check_weights(path: Path, tensors: dict, model: XMCModel) -> None:
-    """Names and shapes in the file against the model model.json describes, before loading anything."""
+def _check_weights(path: Path, tensors: dict, model: XMCModel, stored: str) -> None:
+    """Names, shapes and dtypes in the file against the model model.json describes (its floating-point
+    tensors stored in `stored`, a storage dtype), before loading anything."""
     expected = model.state_dict()
-    for name, (_, shape) in tensors.items():
-        if name in expected and list(expected[name].shape) != shape:
+    floating = SAFETENSORS_DTYPES[STORAGE_DTYPES[stored]]
+    for name, (dtype, shape) in tensors.items():
+        if name not in expected:
+            continue
+        if list(expected[name].shape) != shape:
             raise XmcError(f"{path} does not match model.json: tensor {name!r} has shape {shape} but model.json "
                            f"describes a model that needs {list(expected[name].shape)}; {REDO}")
+        wanted = floating if expected[name].is_floating_point() else SAFETENSORS_DTYPES.get(expected[name].dtype)
+        if wanted is not None and dtype != wanted:
+            raise XmcError(f"{path} does not match model.json: tensor {name!r} is stored as {dtype} but model.json "
+                           f"(storage_dtype {stored}) describes it as {wanted}; {REDO}")
 
 
 def _describe_names(label: str, names) -> str:
@@ -341,8 +419,8 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
                             encoder_params)
     except XmcError as error:
         raise XmcError(f"cannot rebuild the model of {directory}: {one_line(error)}; {REDO}") from None
-    _check_weights(weights, tensors, model)
-    try:
+    _check_weights(weights, tensors, model, meta["storage_dtype"])
+    try:   # load_state_dict copies each stored tensor into the model's float32 one: half ones are upcast
         missing, unexpected = load_model(model, str(weights), strict=False, device="cpu")
     except Exception as error:  # safetensors raises several types for damaged files
         raise XmcError(f"{weights} cannot be read: {one_line(error)}; {REDO}") from None

@@ -29,7 +29,7 @@ from xmcbench.distributed import Distributed, broadcast_text, from_environment, 
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import LabelClusters
 from xmcbench.metrics import evaluate, propensity_scores
-from xmcbench.modelio import build_model, load_model_dir, save_model_dir
+from xmcbench.modelio import build_model, load_model_dir, save_model_dir, storage_dtype
 from xmcbench.checkpoint import load_checkpoint
 from xmcbench.pipeline import Predictions, Trainer, TrainingInterrupted, XMCModel, pick_device, predict, \
     recalled_truth, seed_everything, set_threads
@@ -60,6 +60,7 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
     config = resolve_config(spec, preset_key, config_file, options)
     for kind in COMPONENT_KINDS:   # fail before any data is read
         registry.component(kind, getattr(config, kind))
+    storage_dtype(config.storage_dtype)   # and not after training, when the model is saved
     return Plan(method, dataset, config)
 
 
