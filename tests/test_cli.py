@@ -36,6 +36,7 @@ def test_config_prints_the_resolved_preset_and_overrides():
     config = json.loads(result.output)
     assert config["num_clusters"] == 8192 and config["top_clusters"] == 32 and config["hidden_size"] == 500
     assert config["batch_size"] == 32 and config["max_length"] == 128 and config["epochs"] == 2
+    assert config["model_name"] == "bert-base-uncased"   # the paper's encoder, not the offline default
     default = json.loads(cli.invoke(app, ["run", "lightxml", "--print-config"]).output)
     assert default["dataset"] == "debian-debtags-mini" and default["num_layers"] == 5
 
