@@ -394,6 +394,12 @@ class Trainer:
             self._train_mode()
         self.stage_started = True
 
+    def prepare(self) -> None:
+        """Begin the current stage unless it has begun (frozen parts, optimizers, sampler): what fit() does
+        first; call it before timing single train_step calls."""
+        if not self.stage_started:
+            self._begin_stage(self.stage)
+
     def _end_stage(self) -> None:
         """Fold the stage's SWA average into the model, so the next stage (or the result) starts from it."""
         if self.swa_model is not None:
@@ -427,8 +433,7 @@ class Trainer:
         with _stop_on_interrupt(self):
             while self.stage_index < len(self.stages):
                 stage = self.stage
-                if not self.stage_started:
-                    self._begin_stage(stage)
+                self.prepare()
                 while self.epoch < getattr(self.config, stage.epochs_key):
                     self.run_epoch(stage)
                 self._end_stage()

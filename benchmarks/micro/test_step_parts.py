@@ -1,0 +1,110 @@
+"""Micro-benchmarks of what a LightXML step adds to the encoder, at the Wiki-500K preset's sizes
+(B = 32 documents, b = 32 recalled clusters of ~62 labels, h = 500, K = 8,192 clusters, L = 501,008 labels).
+
+    python -m pytest benchmarks/micro --benchmark-enable --benchmark-only          # measure
+    python -m pytest benchmarks/micro                                               # the suite: run once, tiny
+
+The test suite collects these with benchmarking disabled (pyproject's --benchmark-disable): each body runs
+once at tiny sizes, so they cannot rot, and nothing is timed or asserted about time.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from xmcbench.candidates import candidates_with_positives, expand_clusters
+from xmcbench.interfaces import LabelClusters
+from xmcbench_lightxml.ranker import BottleneckRanker
+
+WIKI500K = {"batch": 32, "labels": 501_008, "clusters": 8_192, "top": 32, "hidden": 500, "dim": 3_840,
+            "positives": 5}
+TINY = {"batch": 4, "labels": 1_000, "clusters": 64, "top": 4, "hidden": 8, "dim": 16, "positives": 3}
+
+
+@pytest.fixture
+def sizes(benchmark) -> dict:
+    torch.set_num_threads(int(__import__("os").environ.get("XMCBENCH_BENCH_THREADS", "2")))
+    return TINY if benchmark.disabled else WIKI500K
+
+
+def balanced_clusters(num_labels: int, num_clusters: int) -> LabelClusters:
+    return LabelClusters.from_assignment(torch.randperm(num_labels, generator=torch.Generator().manual_seed(0))
+                                         % num_clusters, num_clusters)
+
+
+def step_inputs(sizes: dict):
+    generator = torch.Generator().manual_seed(0)
+    clusters = balanced_clusters(sizes["labels"], sizes["clusters"])
+    recall_logits = torch.randn(sizes["batch"], sizes["clusters"], generator=generator)
+    positives = torch.randint(0, sizes["labels"], (sizes["batch"], sizes["positives"]), generator=generator)
+    return clusters, recall_logits, positives
+
+
+def test_candidate_gathering(benchmark, sizes):
+    """Dynamic sampler: top-b clusters + positives' clusters, deduplicated, expanded to labels, targets."""
+    clusters, recall_logits, positives = step_inputs(sizes)
+
+    def sample():
+        top = recall_logits.topk(sizes["top"], dim=1).indices
+        return candidates_with_positives(top, positives, clusters)
+
+    candidates = benchmark(sample)
+    assert candidates.targets[candidates.mask].sum() == (positives >= 0).sum()
+
+
+def test_ranker_scoring_forward_backward(benchmark, sizes):
+    """Bottleneck ranker over the candidates: hidden layer, label-embedding gather, scores, BCE, backward."""
+    clusters, recall_logits, positives = step_inputs(sizes)
+    candidates = candidates_with_positives(recall_logits.topk(sizes["top"], dim=1).indices, positives, clusters)
+    ranker = BottleneckRanker(sizes["dim"], sizes["labels"], sizes["hidden"])
+    representation = torch.randn(sizes["batch"], sizes["dim"], requires_grad=True)
+
+    def score_and_backward():
+        ranker.zero_grad(set_to_none=True)
+        logits = ranker(representation, candidates.labels)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits[candidates.mask],
+                                                                    candidates.targets[candidates.mask])
+        loss.backward()
+        return logits
+
+    logits = benchmark(score_and_backward)
+    assert logits.shape == candidates.labels.shape and ranker.label_embedding.weight.grad.is_sparse
+
+
+def test_prediction_top_k(benchmark, sizes):
+    """Prediction after the encoder: recall top-b, expansion, ranker scores, recall x rank, top-10."""
+    clusters, recall_logits, _ = step_inputs(sizes)
+    ranker = BottleneckRanker(sizes["dim"], sizes["labels"], sizes["hidden"]).eval()
+    representation = torch.randn(sizes["batch"], sizes["dim"])
+
+    @torch.no_grad()
+    def top_k():
+        recall_scores = torch.sigmoid(recall_logits)
+        _, recalled = recall_scores.topk(sizes["top"], dim=1)
+        candidates = expand_clusters(recalled, torch.ones_like(recalled, dtype=torch.bool), clusters)
+        scores = recall_scores.gather(1, candidates.clusters) * torch.sigmoid(ranker(representation,
+                                                                                     candidates.labels))
+        return torch.where(candidates.mask, scores, -1.0).topk(10, dim=1)
+
+    scores, _ = benchmark(top_k)
+    assert scores.shape == (sizes["batch"], 10)
+
+
+@pytest.mark.parametrize("update", ["sparse", "dense"])
+def test_label_embedding_update(benchmark, sizes, update):
+    """One optimizer step of the (L, h) label-embedding table after a step's gradient: SparseAdam over the
+    touched rows (what xmcbench does) against AdamW over the whole table (what the original code does)."""
+    clusters, recall_logits, positives = step_inputs(sizes)
+    candidates = candidates_with_positives(recall_logits.topk(sizes["top"], dim=1).indices, positives, clusters)
+    embedding = torch.nn.Embedding(sizes["labels"], sizes["hidden"], sparse=update == "sparse")
+    optimizer = (torch.optim.SparseAdam(embedding.parameters(), lr=1e-3) if update == "sparse"
+                 else torch.optim.AdamW(embedding.parameters(), lr=1e-3, fused=True))
+
+    def gradient():
+        embedding.zero_grad(set_to_none=True)
+        embedding(candidates.labels).sum().backward()
+
+    gradient()
+    optimizer.step()   # the optimizer state exists before timing, as in a running training
+    benchmark.pedantic(optimizer.step, setup=gradient, rounds=5 if not benchmark.disabled else 1)
