@@ -43,13 +43,19 @@ def xmcbench_run(method: str, dataset: Path, model_dir: Path, output: Path, proc
             "stderr": finished.stderr}
 
 
+def isolated_environment(tmp_path: Path) -> dict:
+    # gloo over the loopback interface: CI machines have no network, and their hostname may not resolve
+    return {**os.environ, "XMCBENCH_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
+            "GLOO_SOCKET_IFNAME": "lo"}
+
+
 @pytest.mark.parametrize("method", ["lightxml", "lightxml-static"])
 def test_two_processes_follow_the_single_process_loss_curve(tmp_path, method):
     model_dir = make_tiny_transformer(tmp_path / "tiny", dropout=0.0)
     # 49 documents, 6 held out for validation: 43 train in batches of 8, so the last batch has 3 documents
     # (uneven shares) and, in the static method's candidate pass, shards differ in size too.
     dataset = write_tiny_dataset(tmp_path / "data", train=49, test=16)
-    env = {**os.environ, "XMCBENCH_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    env = isolated_environment(tmp_path)
     single = xmcbench_run(method, dataset, model_dir, tmp_path / "one", 1, env)
     double = xmcbench_run(method, dataset, model_dir, tmp_path / "two", 2, env)
 
@@ -70,7 +76,7 @@ def test_last_batch_smaller_than_the_number_of_processes(tmp_path):
     """A final batch of 1 document on 2 processes: one process runs a placeholder whose loss weighs nothing."""
     model_dir = make_tiny_transformer(tmp_path / "tiny", dropout=0.0)
     dataset = write_tiny_dataset(tmp_path / "data", train=23, test=8)   # 17 train after validation: 8 + 8 + 1
-    env = {**os.environ, "XMCBENCH_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    env = isolated_environment(tmp_path)
     single = xmcbench_run("lightxml", dataset, model_dir, tmp_path / "one", 1, env)
     double = xmcbench_run("lightxml", dataset, model_dir, tmp_path / "two", 2, env)
     for one, two in zip(single["steps"], double["steps"], strict=True):
