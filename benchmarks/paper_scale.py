@@ -13,7 +13,8 @@ is present:
   - the same full step with a dense label-embedding update (AdamW over the whole (L, h) table), to show what
     updating only the touched rows saves;
   - prediction ms/document at batch 1 and at --predict-batch, and the ratio to the encoder's forward alone;
-  - peak memory (process RSS; on CUDA also torch's peak allocation per phase).
+  - peak memory (process RSS, cumulative: run one preset per process to read it per preset; on CUDA also
+    torch's peak allocation during the timed steps).
 Synthetic data measures speed and memory only, never accuracy.
 
     python benchmarks/paper_scale.py --threads 2                       # both presets, CPU-sized defaults
@@ -143,20 +144,6 @@ def run_preset(preset: str, args, model_dir: Path) -> None:
           f"h {config.hidden_size}, batch {config.batch_size}, length {config.max_length}, BERT-base (random); "
           f"device {device}, {threads} threads, amp {config.amp and device.type == 'cuda'}")
 
-    started = time.perf_counter()
-    features, labels = synthetic.generate_matrices(shape, args.cluster_docs, seed=args.seed)
-    print(f"synthetic data: {args.cluster_docs:,} documents in {time.perf_counter() - started:.1f} s")
-    started = time.perf_counter()
-    label_features = clustering.label_features(features, labels)
-    features_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    clustering.balanced_clusters(label_features, config.num_clusters, seed=args.seed)
-    cluster_seconds = time.perf_counter() - started
-    print(f"clustering: label features {features_seconds:.1f} s + balanced 2-means {cluster_seconds:.1f} s "
-          f"= {features_seconds + cluster_seconds:.1f} s ({label_features.nnz:,} label-feature nonzeros "
-          f"from {args.cluster_docs:,} documents)")
-    del features, label_features
-
     documents = config.batch_size * (args.batches + 1)
     features, labels = synthetic.generate_matrices(shape, documents, seed=args.seed)
     texts = synthetic.feature_texts(features, shape.words_per_doc)
@@ -190,6 +177,8 @@ def run_preset(preset: str, args, model_dir: Path) -> None:
         print(f"prediction, batch {batch_size}: {found['ms_per_doc']:.2f} ms/document vs encoder forward "
               f"{found['encoder_ms_per_doc']:.2f}: ratio {found['ratio']:.3f}")
 
+    print(f"peak memory of model + training + prediction: {peak_rss_gb():.2f} GiB RSS")
+
     if args.dense_embedding:
         del trainer, model
         config.sparse_label_embeddings = False
@@ -199,7 +188,25 @@ def run_preset(preset: str, args, model_dir: Path) -> None:
         trainer.prepare()
         dense = measure_training(trainer, tokens, batches, device, config)
         print(f"dense label-embedding update: full step {dense['step_s']:.3f} s vs encoder {dense['encoder_step_s']:.3f} s: "
-              f"ratio {dense['ratio']:.3f} (sparse update: {training['ratio']:.3f})")
+              f"ratio {dense['ratio']:.3f} (sparse update: {training['ratio']:.3f}); peak memory now "
+              f"{peak_rss_gb():.2f} GiB RSS")
+    del trainer, model
+
+    # last, so that the peak memory above is the model's and the steps'
+    started = time.perf_counter()
+    features, labels = synthetic.generate_matrices(shape, args.cluster_docs, seed=args.seed)
+    print(f"synthetic data: {args.cluster_docs:,} documents in {time.perf_counter() - started:.1f} s")
+    started = time.perf_counter()
+    label_features = clustering.label_features(features, labels)
+    features_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    clustering.balanced_clusters(label_features, config.num_clusters, seed=args.seed)
+    cluster_seconds = time.perf_counter() - started
+    print(f"clustering: label features {features_seconds:.1f} s + balanced 2-means {cluster_seconds:.1f} s "
+          f"= {features_seconds + cluster_seconds:.1f} s ({label_features.nnz:,} label-feature nonzeros "
+          f"from {args.cluster_docs:,} documents)")
+    del features, label_features
+
     print(f"peak memory of this process so far: {peak_rss_gb():.2f} GiB RSS")
 
 
