@@ -10,9 +10,12 @@ import pytest
 from xmcbench.testing import write_tiny_dataset  # noqa: F401  (tests import it from here too)
 
 
-@pytest.fixture(autouse=True)
-def isolated_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("XMCBENCH_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+@pytest.fixture(autouse=True, scope="session")
+def isolated_cache(tmp_path_factory):
+    """Session-wide, so that module-scoped fixtures that run xmcbench never read or fill the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XMCBENCH_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        yield
 
 
 @pytest.fixture(scope="session")

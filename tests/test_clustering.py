@@ -105,12 +105,103 @@ def test_separated_groups_split_apart(num_groups):
         assert len(set.union(*cluster_of_group)) == num_groups
 
 
+def topic_label_feats(num_labels: int = 3000, num_features: int = 4000, num_topics: int = 60,
+                      seed: int = 0) -> sp.csr_matrix:
+    """(L, F) sparse nonnegative rows, each a few features of its topic's pool plus a few of its own: the
+    shape of real label features, large enough for several levels of worker tasks and compaction."""
+    rng = np.random.default_rng(seed)
+    pools = rng.integers(0, num_features, (num_topics, 40))
+    topic = rng.integers(0, num_topics, num_labels)
+    rows = np.repeat(np.arange(num_labels), 20)
+    columns = np.concatenate([pools[topic][:, :12], rng.integers(0, num_features, (num_labels, 8))], axis=1).ravel()
+    values = rng.random(len(rows)).astype(np.float32) + 0.1
+    return sp.csr_matrix((values, (rows, columns)), shape=(num_labels, num_features))
+
+
+def test_result_does_not_depend_on_worker_processes():
+    # K = 256: five levels of single-split tasks, then subtree tasks of three levels each
+    feats = topic_label_feats()
+    alone = balanced_clusters(feats, 256, seed=3, threads=1)
+    for threads in (2, 3):
+        np.testing.assert_array_equal(balanced_clusters(feats, 256, seed=3, threads=threads), alone)
+    sizes = np.bincount(alone, minlength=256)
+    assert set(sizes.tolist()) == {3000 // 256, 3000 // 256 + 1}
+
+
+def test_negative_entries():
+    # columns whose entries cancel to a zero sum are still used: compaction must keep them
+    feats = topic_label_feats(num_labels=1200, seed=4)
+    feats.data[::3] *= -1
+    l2c = balanced_clusters(feats, 128, seed=0, threads=1)
+    assert set(np.bincount(l2c, minlength=128).tolist()) == {1200 // 128, 1200 // 128 + 1}
+    np.testing.assert_array_equal(balanced_clusters(feats, 128, seed=0, threads=2), l2c)
+
+
+def test_cluster_ids_follow_the_tree():
+    # leaves 2i and 2i+1 are the children of node i: the union of a sibling pair is what the
+    # clustering one level up (same seed, same tasks) puts in one cluster
+    feats = topic_label_feats(num_labels=1000)
+    fine = balanced_clusters(feats, 64, seed=1, threads=1)
+    coarse = balanced_clusters(feats, 32, seed=1, threads=1)
+    np.testing.assert_array_equal(fine // 2, coarse)
+
+
+def test_topics_end_up_together():
+    # 64 topics of 50 labels, 64 clusters: most labels share their cluster with most of their topic
+    rng = np.random.default_rng(0)
+    topic = np.repeat(np.arange(64), 50)
+    pools = rng.permutation(64 * 30).reshape(64, 30)
+    rows = np.repeat(np.arange(len(topic)), 10)
+    columns = np.stack([rng.choice(pools[t], 10, replace=False) for t in topic]).ravel()
+    feats = sp.csr_matrix((rng.random(len(rows)) + 0.5, (rows, columns)), shape=(len(topic), 64 * 30))
+    l2c = balanced_clusters(feats, 64, seed=0, threads=1)
+    purity = np.mean([np.bincount(l2c[topic == t]).max() / 50 for t in range(64)])
+    assert purity > 0.9
+
+
+def test_input_left_untouched_and_row_scale_ignored():
+    feats = topic_label_feats(num_labels=500, seed=2)
+    before = feats.copy()
+    l2c = balanced_clusters(feats, 16, seed=0, threads=1)
+    assert (feats != before).nnz == 0
+    # rows scaled by powers of two normalise to the very same unit rows
+    scaled = sp.diags(2.0 ** np.arange(-3, 4)[np.arange(500) % 7]).astype(np.float32) @ feats
+    np.testing.assert_array_equal(balanced_clusters(scaled.tocsr(), 16, seed=0, threads=1), l2c)
+
+
+def test_progress_counts_every_split(capsys):
+    feats = topic_label_feats(num_labels=400)
+    balanced_clusters(feats, 8, threads=1)
+    assert "clustering labels: 7/7" in capsys.readouterr().err
+    balanced_clusters(feats, 16, threads=2)
+    assert "clustering labels: 15/15" in capsys.readouterr().err
+
+
+def test_failing_worker_raises(monkeypatch):
+    from xmcbench import clustering
+
+    run_task = clustering._LabelTree.run_task
+
+    def fail_on_node_5(tree, task, order, advance):
+        if task == 5:
+            raise ValueError("boom")
+        run_task(tree, task, order, advance)
+
+    monkeypatch.setattr(clustering._LabelTree, "run_task", fail_on_node_5)  # inherited by the forked workers
+    with pytest.raises(RuntimeError, match="worker process failed"):
+        balanced_clusters(topic_label_feats(num_labels=400), 32, threads=2)
+
+
 def test_bad_num_clusters():
     feats = random_label_feats(20)
     with pytest.raises(XmcError, match="power of two; use 8 or 16"):
         balanced_clusters(feats, 12)
     with pytest.raises(XmcError, match="larger than the number of labels"):
         balanced_clusters(feats, 32)
+    with pytest.raises(XmcError, match="max_iter"):
+        balanced_clusters(feats, 4, max_iter=0)
+    with pytest.raises(XmcError, match="threads"):
+        balanced_clusters(feats, 4, threads=-1)
 
 
 # ---------------------------------------------------------------- label_features / tfidf_features
@@ -127,6 +218,38 @@ def test_label_features_hand_computed():
         dtype=np.float32,
     )
     np.testing.assert_allclose(out.toarray(), expected, rtol=1e-6)
+
+
+def test_label_features_count_each_label_once_and_leave_inputs_alone():
+    docs = sp.csr_matrix(np.array([[3.0, 4.0], [1.0, 0.0], [0.0, 2.0]]))  # float64 features
+    # int labels with weights other than 1, and a stored zero (doc 2, label 0) that is no label
+    labels = sp.csr_matrix((np.array([2, 5, 1, 0, 7]), np.array([0, 0, 1, 0, 1]), np.array([0, 1, 3, 5])),
+                           shape=(3, 2))
+    labels_before, docs_before = labels.copy(), docs.copy()
+    out = label_features(docs, labels)
+    assert out.dtype == np.float32 and out.shape == (2, 2)
+    # label 0: docs 0 + 1 = [4, 4]; label 1: docs 1 + 2 = [1, 2]
+    expected = np.array([[4, 4] / np.sqrt(32), [1, 2] / np.sqrt(5)], dtype=np.float32)
+    np.testing.assert_allclose(out.toarray(), expected, rtol=1e-6)
+    assert (labels != labels_before).nnz == 0 and (docs != docs_before).nnz == 0
+
+
+def test_label_features_do_not_depend_on_worker_processes():
+    rng = np.random.default_rng(0)
+    docs = sp.random(3000, 500, density=0.05, format="csr", dtype=np.float32, random_state=1)
+    labels = sp.csr_matrix((np.ones(6000, dtype=np.float32), (rng.integers(0, 3000, 6000), rng.integers(0, 800, 6000))),
+                           shape=(3000, 800))
+    alone = label_features(docs, labels, threads=1)
+    for threads in (2, 3):
+        shared = label_features(docs, labels, threads=threads)
+        for name in ("indptr", "indices", "data"):
+            np.testing.assert_array_equal(getattr(shared, name), getattr(alone, name))
+    assert alone.shape == (800, 500) and alone.dtype == np.float32
+
+
+def test_label_features_shape_mismatch():
+    with pytest.raises(ValueError, match="must match"):
+        label_features(sp.csr_matrix((3, 2)), sp.csr_matrix((4, 2)))
 
 
 def test_tfidf_features():

@@ -95,7 +95,8 @@ def label_clusters(dataset: Dataset, config: TrainConfig, train_rows: np.ndarray
     if num_clusters == num_labels:
         return LabelClusters.from_assignment(torch.arange(num_labels), num_labels)
     key = fingerprint(dataset.version, train_rows.tolist() if len(train_rows) < len(dataset.train_texts) else "all",
-                      num_clusters, config.seed, str(dataset.feature_file and dataset.feature_file.name))
+                      num_clusters, config.seed, str(dataset.feature_file and dataset.feature_file.name),
+                      clustering.ALGORITHM_VERSION)
     path = cache_dir() / "clusters" / f"{key}.npy"
     if path.exists():
         assignment = np.load(path, allow_pickle=False)
