@@ -42,6 +42,8 @@ from xmcbench.registry import build_registry
 from xmcbench.runner import plan_run
 from xmcbench.tokenization import TokenizedTexts, resolve_model_path, tokenize
 
+from step_ratio import timed   # benchmarks/ is on sys.path when this script runs
+
 
 def bert_base_folder(directory: Path) -> Path:
     """BERT-base's config (BertConfig's defaults: 12 layers, 768 hidden, 12 heads, 3072 intermediate) and the
@@ -52,16 +54,6 @@ def bert_base_folder(directory: Path) -> Path:
     BertConfig(vocab_size=len(tokenizer)).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
-
-
-def timed(function, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    function()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - started
 
 
 def peak_rss_gb() -> float:
