@@ -188,8 +188,50 @@ def test_failing_worker_raises(monkeypatch):
         run_task(tree, task, order, advance)
 
     monkeypatch.setattr(clustering._LabelTree, "run_task", fail_on_node_5)  # inherited by the forked workers
-    with pytest.raises(RuntimeError, match="worker process failed"):
+    with pytest.raises(XmcError) as failure:
         balanced_clusters(topic_label_feats(num_labels=400), 32, threads=2)
+    message = str(failure.value)
+    assert message.startswith("clustering labels: worker process ") and message.endswith("failed: ValueError: boom")
+    assert "\n" not in message
+
+
+def test_failing_label_feature_worker_names_stage_and_cause(monkeypatch, capfd):
+    from xmcbench import clustering
+
+    def fail(*args, **kwargs):
+        raise MemoryError("cannot allocate 3 GiB")
+
+    monkeypatch.setattr(clustering, "normalize", fail)   # inherited by the forked workers
+    docs, labels = dominant_label_data()
+    with pytest.raises(XmcError, match=r"^label features: worker process \d of \d failed: MemoryError: cannot "
+                                       r"allocate 3 GiB$"):
+        label_features(docs, labels, threads=4)
+    assert "Traceback" not in capfd.readouterr().err   # one line, not a worker's traceback
+
+
+def dominant_label_data(num_docs: int = 2000, num_labels: int = 300, seed: int = 0):
+    """(N, F) documents and (N, L) labels where label 0 is on 90 % of the documents and most others on one
+    or two: the skew of real data (debhelper-compat on 76 % of debian-builddeps), which puts most of the
+    label-feature work on one label."""
+    rng = np.random.default_rng(seed)
+    docs = sp.random(num_docs, 400, density=0.05, format="csr", dtype=np.float32, random_state=seed)
+    rows = [np.flatnonzero(rng.random(num_docs) < 0.9), rng.integers(0, num_docs, 3 * num_labels)]
+    columns = [np.zeros(len(rows[0]), dtype=np.int64), rng.integers(1, num_labels, 3 * num_labels)]
+    rows, columns = np.concatenate(rows), np.concatenate(columns)
+    labels = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, columns)), shape=(num_docs, num_labels))
+    labels.data[:] = 1.0
+    return docs, labels
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4, 16, 64])
+def test_skewed_labels_give_the_same_result_with_any_worker_count(threads):
+    docs, labels = dominant_label_data()
+    alone = label_features(docs, labels, threads=1)
+    shared = label_features(docs, labels, threads=threads)
+    for name in ("indptr", "indices", "data"):
+        np.testing.assert_array_equal(getattr(shared, name), getattr(alone, name))
+    np.testing.assert_array_equal(balanced_clusters(shared, 64, seed=2, threads=threads),
+                                  balanced_clusters(alone, 64, seed=2, threads=1))
 
 
 def test_bad_num_clusters():

@@ -272,10 +272,13 @@ def _label_features_in_workers(label_docs: sp.csr_matrix, docs: sp.csr_matrix, w
     """
     num_labels, num_features = label_docs.shape[0], docs.shape[1]
     # pieces of about equal work, several per worker: a worker's own product stays small and the bar moves
-    num_pieces = workers * _PIECES_PER_WORKER
+    # A label on most documents carries most of the work, so several cut points can fall on the same label:
+    # repeated bounds are dropped, so that no piece is empty (fewer pieces than asked for, never an empty one).
     cumulative = np.concatenate([[0.0], np.cumsum(work)])
-    bounds = np.searchsorted(cumulative, np.linspace(0, cumulative[-1], num_pieces + 1)[1:-1])
-    bounds = np.concatenate([[0], bounds, [num_labels]]).astype(np.int64)
+    cuts = np.searchsorted(cumulative, np.linspace(0, cumulative[-1], workers * _PIECES_PER_WORKER + 1)[1:-1])
+    bounds = np.unique(np.concatenate([[0], cuts, [num_labels]]).astype(np.int64))
+    num_pieces = len(bounds) - 1
+    workers = max(1, min(workers, num_pieces))
     capacity = np.minimum(cumulative[bounds[1:]] - cumulative[bounds[:-1]], np.diff(bounds) * float(num_features))
     offsets = np.concatenate([[0], np.cumsum(capacity.astype(np.int64))])
     index_dtype = np.int32 if max(offsets[-1], num_features) < np.iinfo(np.int32).max else np.int64
@@ -693,13 +696,16 @@ def _fork_available() -> bool:
 
 def _run_forked(workers: int, work, description: str, total: int) -> None:
     """Run work(worker, advance) in `workers` forked processes, with a progress bar of `total` steps that
-    counts what they pass to advance(n). Raises when one fails. Forked, the workers inherit the parent's
-    arrays without a copy and nothing is pickled; they must use numpy and scipy only (no threads, and no
-    locks that the parent may have held when it forked)."""
+    counts what they pass to advance(n). When one fails, the others are ended and one line names the
+    stage (`description`) and the cause. Forked, the workers inherit the parent's arrays without a copy and
+    nothing is pickled; they must use numpy and scipy only (no threads, and no locks that the parent may
+    have held when it forked)."""
     counters_memory = mmap.mmap(-1, 8 * workers)
+    errors_memory = mmap.mmap(-1, _ERROR_BYTES * workers)   # each worker's one-line cause, if it fails
     counters = np.frombuffer(counters_memory, dtype=np.int64, count=workers)
     context = multiprocessing.get_context("fork")
-    processes = [context.Process(target=_forked_main, args=(work, worker, counters[worker:worker + 1]),
+    processes = [context.Process(target=_forked_main,
+                                 args=(work, worker, counters[worker:worker + 1], errors_memory),
                                  name=f"xmcbench-{worker}", daemon=True) for worker in range(workers)]
     try:
         # Started before the progress bar opens: no display thread of ours runs while the process forks.
@@ -713,9 +719,10 @@ def _run_forked(workers: int, work, description: str, total: int) -> None:
                 done = int(counters.sum())
                 advance(done - shown)
                 shown = done
-                _raise_if_failed(processes, workers)
+                _raise_if_failed(processes, description, errors_memory)
                 running = [process.sentinel for process in processes if process.exitcode is None]
                 if not running:
+                    _raise_if_failed(processes, description, errors_memory)   # one may have failed last
                     break
                 multiprocessing.connection.wait(running, timeout=0.2)
     finally:
@@ -725,27 +732,40 @@ def _run_forked(workers: int, work, description: str, total: int) -> None:
             process.join()
         counters = None  # a view of the shared memory must go before it closes
         counters_memory.close()
+        errors_memory.close()
 
 
-def _forked_main(work, worker: int, counter: np.ndarray) -> None:
+_ERROR_BYTES = 1024
+_WORKER_FAILED = 3   # the exit code of a worker that recorded its error
+
+
+def _forked_main(work, worker: int, counter: np.ndarray, errors_memory: mmap.mmap) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it ends the workers
 
     def advance(n: int = 1) -> None:
         counter[0] += n
 
-    work(worker, advance)
+    try:
+        work(worker, advance)
+    except BaseException as error:  # noqa: BLE001 -- reported by the parent in one line, not a traceback
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        cause = f"{type(error).__name__}: {first_line}".rstrip(": ").encode("utf-8", "replace")[:_ERROR_BYTES]
+        errors_memory[worker * _ERROR_BYTES:worker * _ERROR_BYTES + len(cause)] = cause
+        os._exit(_WORKER_FAILED)
 
 
-def _raise_if_failed(processes, workers: int) -> None:
-    for process in processes:
+def _raise_if_failed(processes, description: str, errors_memory: mmap.mmap) -> None:
+    for worker, process in enumerate(processes):
         code = process.exitcode
         if code is not None and code < 0:
             raise XmcError(
-                f"a worker process was killed by signal {-code} (the system may be out of memory); "
-                f"use fewer threads than {workers} or a machine with more memory"
+                f"{description}: worker process {worker} of {len(processes)} was killed by signal {-code} (the "
+                f"system may be out of memory); use fewer threads or a machine with more memory"
             )
         if code:
-            raise RuntimeError(f"a worker process failed with exit code {code}; its traceback is above")
+            recorded = errors_memory[worker * _ERROR_BYTES:(worker + 1) * _ERROR_BYTES].rstrip(b"\0")
+            cause = recorded.decode("utf-8", "replace") or f"it exited with code {code}"
+            raise XmcError(f"{description}: worker process {worker} of {len(processes)} failed: {cause}")
 
 
 def num_clusters_for(num_labels: int, cluster_size: int) -> int:
