@@ -456,12 +456,13 @@ class Trainer:
         batches = epoch_batches(self.tokens.lengths, config.batch_size, self.rng, config.length_bucketing)
         epoch_loss, done_before = 0.0, self.batch_in_epoch
         label = f"{stage.name} " if len(self.stages) > 1 else ""
-        with progress_bar(f"{label}epoch {self.epoch + 1}/{epochs}", total=len(batches)) as advance:
-            advance(done_before)
+        with progress_bar(f"{label}epoch {self.epoch + 1}/{epochs}", total=len(self.tokens), unit="documents",
+                          completed=sum(len(rows) for rows in batches[:done_before])) as advance:
             for rows in batches[done_before:]:
                 record = self.train_step(rows, stage)
                 epoch_loss += record["loss"]
-                advance(1, mean_loss=epoch_loss / (self.batch_in_epoch - done_before))
+                advance(len(rows), step=f"{self.batch_in_epoch}/{len(batches)}",
+                        mean_loss=epoch_loss / (self.batch_in_epoch - done_before))
                 if config.checkpoint_every_steps and self.step % config.checkpoint_every_steps == 0:
                     self.save_checkpoint()
                 if self.stop_requested:
@@ -598,7 +599,7 @@ def predict(model: XMCModel, tokens: TokenizedTexts, config: TrainConfig, device
     scores = np.full((len(mine), config.top_k), -1.0, dtype=np.float32)
     recalled = None if model.is_flat else np.zeros((len(mine), min(config.top_clusters, model.recaller.num_clusters)),
                                                    dtype=np.int64)
-    with progress_bar(description, total=len(mine)) as advance:
+    with progress_bar(description, total=len(mine), unit="documents") as advance:
         for start in range(0, len(mine), config.eval_batch_size):
             rows = mine[start:start + config.eval_batch_size]
             where = slice(start, start + len(rows))
