@@ -79,6 +79,9 @@ class Encoder(nn.Module, ABC):
     out_dim: int
     #: the Hugging Face tokenizer that produces the ids this encoder reads
     tokenizer: object
+    #: the dtype its pretrained weights were loaded in ("float16" for a half-precision checkpoint), before
+    #: they became float32 master weights; None when it starts from random weights. Recorded in config.json.
+    loaded_dtype: str | None = None
 
     @abstractmethod
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -267,7 +267,7 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
         output.mkdir(parents=True, exist_ok=True)
         if not resume:
             write_run_config(output, plan, dataset, config, clusters, threads, device, train_rows, validation_rows,
-                             registry, dist)
+                             registry, dist, model)
     trainer = Trainer(model, train_tokens.subset(train_rows), dataset.train_labels[train_rows], config, device,
                       validate, checkpoint_dir=output / "checkpoints", stages=registry.method(plan.method).stages,
                       dist=dist)
@@ -307,7 +307,7 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
 
 
 def write_run_config(output, plan, dataset, config, clusters, threads, device, train_rows, validation_rows,
-                     registry, dist: Distributed) -> None:
+                     registry, dist: Distributed, model: XMCModel) -> None:
     dataset_ref = plan.dataset if plan.dataset in registry.datasets else str(Path(plan.dataset).resolve())
     write_json(output / "config.json", {"method": plan.method, "dataset": dataset_ref, "dataset_name": dataset.name,
                                         "dataset_version": dataset.version, "config": config.to_dict(),
@@ -316,7 +316,10 @@ def write_run_config(output, plan, dataset, config, clusters, threads, device, t
                                                      "flat": clusters.is_flat, "threads": threads,
                                                      "device": str(device), "processes": dist.world_size,
                                                      "train_docs": len(train_rows),
-                                                     "validation_docs": len(validation_rows)}})
+                                                     "validation_docs": len(validation_rows),
+                                                     "encoder_loaded_dtype": model.encoder.loaded_dtype,
+                                                     "parameter_dtype": str(next(model.parameters()).dtype)
+                                                     .removeprefix("torch.")}})
     write_json(output / "environment.json", environment())
 
 

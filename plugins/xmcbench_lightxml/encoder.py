@@ -48,7 +48,12 @@ class TransformerClsEncoder(Encoder):
         if self.tokenizer.pad_token_id is None:
             raise XmcError(f"the tokenizer of {model_name!r} has no padding token; choose another encoder")
         if pretrained_weights:
+            # transformers 5 loads weights in the dtype their files hold: a checkpoint published in float16 or
+            # bfloat16 would train in half precision and diverge (NaN within a few dozen steps under AMP).
+            # Master weights are float32 whatever the files hold; AMP still computes in half precision.
             self.transformer = AutoModel.from_pretrained(path, config=model_config)
+            self.loaded_dtype = str(next(self.transformer.parameters()).dtype).removeprefix("torch.")
+            self.transformer.float()
         else:
             self.transformer = AutoModel.from_config(model_config)
         layers = model_config.num_hidden_layers
