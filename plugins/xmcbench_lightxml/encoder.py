@@ -10,7 +10,7 @@ from torch import nn
 
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import Encoder
-from xmcbench.tokenization import resolve_model_path
+from xmcbench.tokenization import load_tokenizer, resolve_model_path
 
 # Models whose summary token comes last (XLNet appends <sep><cls>); all others put it first.
 SUMMARY_LAST_MODEL_TYPES = {"xlnet"}
@@ -22,7 +22,7 @@ class TransformerClsEncoder(Encoder):
     def __init__(self, model_name: str, num_layers: int = 5, dropout: float = 0.5,
                  pretrained_weights: bool = True) -> None:
         super().__init__()
-        from transformers import AutoConfig, AutoModel, AutoTokenizer
+        from transformers import AutoConfig, AutoModel
 
         path = resolve_model_path(model_name)
         local = Path(path).is_dir()
@@ -31,22 +31,16 @@ class TransformerClsEncoder(Encoder):
                            "config, so it is incomplete")
         try:
             model_config = AutoConfig.from_pretrained(path)
-            self.tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
         except Exception as error:  # a damaged local folder raises OSError, ValueError, KeyError, TypeError...
             first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
             if local:
-                raise XmcError(f"cannot load the encoder folder {path}: its config or tokenizer files are damaged "
+                raise XmcError(f"cannot load the encoder folder {path}: its config is damaged "
                                f"({type(error).__name__}: {first_line})") from None
             if not isinstance(error, OSError):
                 raise
             raise XmcError(f"cannot load encoder {model_name!r}: {first_line} "
                            "(give a local model folder, or a Hub name with internet or a local cache)") from None
-        if local and len(self.tokenizer) <= len(set(self.tokenizer.all_special_ids)):
-            # transformers builds a tokenizer of special tokens only when the vocabulary files are gone
-            raise XmcError(f"the encoder folder {path} holds no tokenizer vocabulary (tokenizer.json, vocab.txt "
-                           "or the like is missing), so it is incomplete")
-        if self.tokenizer.pad_token_id is None:
-            raise XmcError(f"the tokenizer of {model_name!r} has no padding token; choose another encoder")
+        self.tokenizer = load_tokenizer(model_name)
         if pretrained_weights:
             # transformers 5 loads weights in the dtype their files hold: a checkpoint published in float16 or
             # bfloat16 would train in half precision and diverge (NaN within a few dozen steps under AMP).

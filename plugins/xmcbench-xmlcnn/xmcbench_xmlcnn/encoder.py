@@ -45,7 +45,7 @@ from torch.nn import functional as F
 
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import Encoder
-from xmcbench.tokenization import resolve_model_path
+from xmcbench.tokenization import load_tokenizer
 
 HYPERPARAMETERS_FILE = "xmlcnn.json"
 
@@ -56,24 +56,6 @@ DEFAULTS = {
     "xmlcnn_pool_chunks": 8,
     "xmlcnn_hidden": 512,
 }
-
-
-def load_tokenizer(model_name: str):
-    from transformers import AutoTokenizer
-
-    path = resolve_model_path(model_name)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
-    except Exception as error:  # a missing or damaged folder raises OSError, ValueError, KeyError...
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise XmcError(f"xml-cnn cannot load the tokenizer of {model_name!r}: {first_line} (give a local "
-                       "folder holding a Hugging Face tokenizer, or a Hub name with a local cache)") from None
-    if Path(path).is_dir() and len(tokenizer) <= len(set(tokenizer.all_special_ids)):
-        raise XmcError(f"the folder {path} holds no tokenizer vocabulary (tokenizer.json, vocab.txt or the like "
-                       "is missing); xml-cnn needs one for its word embeddings")
-    if tokenizer.pad_token_id is None:
-        raise XmcError(f"the tokenizer of {model_name!r} has no padding token; choose another model_name")
-    return tokenizer
 
 
 def _positive_int(name: str, value) -> int:
