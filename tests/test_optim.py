@@ -57,3 +57,25 @@ def test_row_adam_refuses_dense_gradients():
     parameter.grad = torch.ones(3, 2)
     with pytest.raises(RuntimeError, match="sparse gradients only"):
         RowAdam([parameter]).step()
+
+
+def test_row_adam_under_a_grad_scaler_unscales_and_skips_on_the_device():
+    reference, ours = embeddings_pair()
+    plain = RowAdam(reference.parameters(), lr=1e-2)
+    scaled = RowAdam(ours.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1000)
+    rows = torch.tensor([[1, 2, 2], [4, 5, 1]])
+    step(reference, plain, rows)
+    scaled.zero_grad(set_to_none=True)
+    scaler.scale((ours(rows) ** 2).sum()).backward()
+    scaler.step(scaled)
+    scaler.update()
+    assert torch.allclose(reference.weight, ours.weight, atol=1e-6)   # unscaled by the kernel
+
+    before, steps = ours.weight.detach().clone(), scaled.state[ours.weight]["step"].clone()
+    scaled.zero_grad(set_to_none=True)
+    scaler.scale((ours(rows) ** 2).sum() * float("inf")).backward()
+    scaler.step(scaled)   # an inf gradient: the update is skipped and not counted
+    scaler.update()
+    assert torch.equal(ours.weight, before) and torch.equal(scaled.state[ours.weight]["step"], steps)
+    assert scaler.get_scale() == 512.0

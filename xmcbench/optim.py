@@ -18,7 +18,13 @@ from torch.optim.adam import adam
 
 
 class RowAdam(torch.optim.Optimizer):
-    """params: tensors whose gradients are sparse COO (e.g. nn.Embedding(sparse=True)), (L, h) each."""
+    """params: tensors whose gradients are sparse COO (e.g. nn.Embedding(sparse=True)), (L, h) each.
+
+    Under AMP, torch's GradScaler hands it the scale and the inf/NaN flag as tensors (`grad_scale`,
+    `found_inf`) instead of reading the flag on the host, and the fused kernel unscales and skips on the
+    device: no wait for the GPU in the step."""
+
+    _step_supports_amp_scaling = True
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
@@ -47,10 +53,17 @@ class RowAdam(torch.optim.Optimizer):
                 touched = parameter.index_select(0, rows)            # (U, h) copies of the touched rows
                 exp_avg = state["exp_avg"].index_select(0, rows)
                 exp_avg_sq = state["exp_avg_sq"].index_select(0, rows)
-                # the kernel counts the step itself (state["step"] += 1) before its bias correction
-                adam([touched], [values], [exp_avg], [exp_avg_sq], [], [state["step"]],
-                     fused=touched.device.type in ("cpu", "cuda"), amsgrad=False, beta1=beta1, beta2=beta2,
-                     lr=group["lr"], weight_decay=0.0, eps=group["eps"], maximize=False)
+                fused = touched.device.type in ("cpu", "cuda")
+                grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+                if not fused and grad_scale is not None:   # the unfused kernel takes no scale: unscale here
+                    if found_inf.item():
+                        continue
+                    values, grad_scale, found_inf = values / grad_scale, None, None
+                # the kernel counts the step itself (state["step"] += 1) before its bias correction, and
+                # takes it back when found_inf is set
+                adam([touched], [values], [exp_avg], [exp_avg_sq], [], [state["step"]], fused=fused,
+                     amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=0.0, eps=group["eps"],
+                     maximize=False, grad_scale=grad_scale, found_inf=found_inf)
                 parameter.index_copy_(0, rows, touched)
                 state["exp_avg"].index_copy_(0, rows, exp_avg)
                 state["exp_avg_sq"].index_copy_(0, rows, exp_avg_sq)

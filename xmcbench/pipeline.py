@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import os
 import random
 import time
@@ -75,10 +76,10 @@ class XMCModel(nn.Module):
         recall_logits = self.recaller(representation)                        # (B, K)
         total, parts, counts = 0.0, {}, {}
         if "recall" in stage.losses:
-            valid = positives >= 0
-            rows = torch.arange(len(positives), device=positives.device).unsqueeze(1).expand_as(positives)
-            cluster_targets = torch.zeros(recall_logits.shape, device=recall_logits.device)
-            cluster_targets[rows[valid], self.label_cluster[positives[valid]]] = 1.0
+            # a scatter, not boolean-mask indexing: no output size that depends on the data, so no wait for
+            # the device (padding slots write 0, and amax keeps a positive's 1 wherever both land)
+            cluster_targets = torch.zeros(recall_logits.shape, device=recall_logits.device).scatter_reduce_(
+                1, self.label_cluster[positives.clamp_min(0)], (positives >= 0).float(), reduce="amax")
             recall_loss = self.recaller.loss(recall_logits, cluster_targets)
             total, parts["recall"] = recall_loss, recall_loss.detach()
             counts["recall"] = recall_logits.numel()
@@ -88,10 +89,14 @@ class XMCModel(nn.Module):
                 with torch.set_grad_enabled("ranker_encoder" in stage.trains and torch.is_grad_enabled()):
                     representation = self.ranker_encoder(input_ids, attention_mask)
             rank_logits = self.ranker(representation, candidates.labels)      # (B, C)
-            rank_loss = nn.functional.binary_cross_entropy_with_logits(
-                rank_logits.float()[candidates.mask], candidates.targets[candidates.mask])
+            # the mean over real candidates as a weighted sum: a boolean-mask selection would make the host
+            # wait for the device to learn its size
+            per_candidate = nn.functional.binary_cross_entropy_with_logits(
+                rank_logits.float(), candidates.targets, reduction="none")
+            real = candidates.mask.float()
+            counts["rank"] = real.sum()
+            rank_loss = (per_candidate * real).sum() / counts["rank"].clamp_min(1.0)
             total, parts["rank"] = total + rank_loss, rank_loss.detach()
-            counts["rank"] = int(candidates.mask.sum())
         if weigh is not None:
             weights = weigh({name: (parts[name], counts[name]) for name in parts})
             losses = {"recall": recall_loss if "recall" in parts else None,
@@ -192,13 +197,25 @@ def epoch_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator
     return batches
 
 
+def to_device(device: torch.device, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Host tensors onto `device`. To a GPU through pinned memory without waiting: a copy from ordinary
+    memory would wait until the GPU has finished everything queued before it."""
+    if device.type != "cuda":
+        return tuple(tensor.to(device) for tensor in tensors)
+    return tuple(tensor.pin_memory().to(device, non_blocking=True) for tensor in tensors)
+
+
 # -- training ---------------------------------------------------------------------------------------
+
+# Steps between two reads of the training losses from the device (each read waits for a GPU to catch up).
+LOSS_READ_EVERY = 32
 
 @dataclass
 class TrainingLog:
     steps: list[dict] = field(default_factory=list)           # per step: step, epoch, loss, recall, rank
     validation: list[dict] = field(default_factory=list)      # per epoch when a validation split exists
     selected_epoch: int | None = None
+    stopped_early: int | None = None   # the epoch after which early stopping ended training
     swa_updates: int = 0
 
 
@@ -282,6 +299,8 @@ class Trainer:
         self.stage_index, self.stage_started = 0, False
         self.epoch = self.batch_in_epoch = self.step = 0
         self.stop_requested = False
+        self.unread_losses: list[tuple[dict, list[str], torch.Tensor]] = []   # see train_step
+        self.epoch_loss = [0.0, 0]   # the current epoch's loss sum and steps, as read so far
         self.train_seconds = 0.0   # training time so far, across interruptions
         self._started = time.perf_counter()
 
@@ -305,7 +324,8 @@ class Trainer:
                     "numpy_global": _numpy_global_state(), "data_order": self.epoch_rng_state,
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
             "log": {"steps": self.log.steps, "validation": self.log.validation,
-                    "selected_epoch": self.log.selected_epoch, "swa_updates": self.log.swa_updates},
+                    "selected_epoch": self.log.selected_epoch, "stopped_early": self.log.stopped_early,
+                    "swa_updates": self.log.swa_updates},
             "best": {"score": self.best_score if self.best_state is not None else None, "state": self.best_state},
         }
 
@@ -339,6 +359,7 @@ class Trainer:
             self.best_score, self.best_state = state["best"]["score"], state["best"]["state"]
 
     def save_checkpoint(self) -> None:
+        self.read_losses()
         if self.checkpoint_dir is not None and self.dist.is_main:
             from xmcbench.checkpoint import save_checkpoint
 
@@ -435,7 +456,7 @@ class Trainer:
             while self.stage_index < len(self.stages):
                 stage = self.stage
                 self.prepare()
-                while self.epoch < getattr(self.config, stage.epochs_key):
+                while self.epoch < getattr(self.config, stage.epochs_key) and not self.converged():
                     self.run_epoch(stage)
                 self._end_stage()
             self.save_checkpoint()
@@ -446,6 +467,16 @@ class Trainer:
         final.eval()
         return final, self.log
 
+    def converged(self) -> bool:
+        """Early stopping: `patience` epochs of the last stage have passed without a better validation score.
+        Read from the log, so a resumed run stops where an uninterrupted one would."""
+        if not self.config.patience or self.log.selected_epoch is None or self.stage_index != len(self.stages) - 1:
+            return False
+        stopped = self.epoch - self.log.selected_epoch >= self.config.patience
+        if stopped:
+            self.log.stopped_early = self.epoch
+        return stopped
+
     def run_epoch(self, stage: Stage) -> None:
         config = self.config
         epochs = getattr(config, stage.epochs_key)
@@ -454,21 +485,22 @@ class Trainer:
         else:   # continuing a checkpoint: replay this epoch's data order, then skip what was done
             self.rng.bit_generator.state = copy.deepcopy(self.epoch_rng_state)
         batches = epoch_batches(self.tokens.lengths, config.batch_size, self.rng, config.length_bucketing)
-        epoch_loss, done_before = 0.0, self.batch_in_epoch
+        done_before = self.batch_in_epoch
+        self.epoch_loss = [sum(record["loss"] for record in self.log.steps[len(self.log.steps) - done_before:]),
+                           done_before]
         label = f"{stage.name} " if len(self.stages) > 1 else ""
         with progress_bar(f"{label}epoch {self.epoch + 1}/{epochs}", total=len(self.tokens), unit="documents",
                           completed=sum(len(rows) for rows in batches[:done_before])) as advance:
             for rows in batches[done_before:]:
-                record = self.train_step(rows, stage)
-                epoch_loss += record["loss"]
-                advance(len(rows), step=f"{self.batch_in_epoch}/{len(batches)}",
-                        mean_loss=epoch_loss / (self.batch_in_epoch - done_before))
+                self.train_step(rows, stage)
+                advance(len(rows), step=f"{self.batch_in_epoch}/{len(batches)}", mean_loss=self.mean_epoch_loss)
                 if config.checkpoint_every_steps and self.step % config.checkpoint_every_steps == 0:
                     self.save_checkpoint()
                 if self.stop_requested:
                     self.save_checkpoint()
                     raise TrainingInterrupted(f"interrupted at step {self.step} ({label}epoch {self.epoch + 1}); "
                                               "a checkpoint was written")
+        self.read_losses()
         last_stage = self.stage_index == len(self.stages) - 1
         if self.validate is not None and last_stage:
             candidate = self.model_to_use()
@@ -483,7 +515,10 @@ class Trainer:
                 and not (last_stage and self.epoch == epochs):
             self.save_checkpoint()
 
-    def train_step(self, rows: np.ndarray, stage: Stage = JOINT_TRAINING[0]) -> dict:
+    def train_step(self, rows: np.ndarray, stage: Stage = JOINT_TRAINING[0]) -> None:
+        """One optimizer step on the training documents `rows`. Its losses stay on the device until
+        read_losses (every LOSS_READ_EVERY steps, at the end of an epoch and before a checkpoint): reading
+        them every step would make the host wait for a GPU at every step."""
         config, device, model = self.config, self.device, self.model
         weigh = None
         if self.dist.enabled:
@@ -495,13 +530,9 @@ class Trainer:
         input_ids, attention_mask = self.tokens.batch(rows)
         positives = padded_positives(self.labels, rows)
         with autocast(device, config):
-            loss, parts = self.forward_model(input_ids.to(device), attention_mask.to(device), positives.to(device),
-                                             torch.from_numpy(rows).to(device), stage, weigh=weigh)
+            loss, parts = self.forward_model(*to_device(device, input_ids, attention_mask, positives,
+                                                        torch.from_numpy(rows)), stage, weigh=weigh)
         reported = sum(parts.values()) if weigh is not None else loss.detach()
-        if not torch.isfinite(reported):
-            kept = f"; the last good checkpoint is in {self.checkpoint_dir}" if self.checkpoint_dir else ""
-            raise XmcError(f"training diverged: the loss is {reported.item()} at step {self.step + 1} "
-                           f"(epoch {self.epoch + 1}){kept}; lower lr or disable amp (--set amp=false)")
         for optimizer in self.optimizers:
             optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
@@ -514,17 +545,42 @@ class Trainer:
         self.scaler.update()
         self.step += 1
         self.batch_in_epoch += 1
-        record = {"step": self.step, "epoch": self.epoch + 1, "loss": reported.item(),
-                  **{name: value.item() for name, value in parts.items()}}
-        if len(self.stages) > 1:
-            record["stage"] = stage.name
-        self.log.steps.append(record)
+        record = {"step": self.step, "epoch": self.epoch + 1, **({"stage": stage.name} if len(self.stages) > 1 else {})}
+        self.unread_losses.append((record, ["loss", *parts], torch.stack([reported, *parts.values()]).detach()))
+        if len(self.unread_losses) >= LOSS_READ_EVERY:
+            self.read_losses()
         if config.swa and self.epoch >= config.swa_start_epoch and self.step % config.swa_every_steps == 0:
             if self.swa_model is None:
                 self.swa_model = torch.optim.swa_utils.AveragedModel(model)
             self.swa_model.update_parameters(model)
             self.log.swa_updates += 1
-        return record
+
+    def mean_epoch_loss(self) -> float | None:
+        """The current epoch's mean training loss so far (reads the pending losses: for progress lines)."""
+        self.read_losses()
+        total, steps = self.epoch_loss
+        return total / steps if steps else None
+
+    def read_losses(self) -> None:
+        """Move the losses of the steps since the last read into the log, in one transfer from the device;
+        stop at the first non-finite one. Nothing is checkpointed before its losses are read, so the last
+        checkpoint always precedes a divergence."""
+        if not self.unread_losses:
+            return
+        values = torch.cat([stacked.float() for _, _, stacked in self.unread_losses]).cpu().tolist()
+        position = 0
+        for record, names, _ in self.unread_losses:
+            record.update(zip(names, values[position:position + len(names)]))
+            position += len(names)
+            if not math.isfinite(record["loss"]):
+                self.unread_losses = []
+                kept = f"; the last good checkpoint is in {self.checkpoint_dir}" if self.checkpoint_dir else ""
+                raise XmcError(f"training diverged: the loss is {record['loss']} at step {record['step']} "
+                               f"(epoch {record['epoch']}){kept}; lower lr or disable amp (--set amp=false)")
+            self.log.steps.append(record)
+            if record["epoch"] == self.epoch + 1:
+                self.epoch_loss = [self.epoch_loss[0] + record["loss"], self.epoch_loss[1] + 1]
+        self.unread_losses = []
 
     def _weigh_for_global_batch(self, has_documents: bool):
         """The `weigh` of XMCModel.training_loss for a distributed step: one all-reduce of every process's
@@ -533,12 +589,12 @@ class Trainer:
         of the global batch's mean; the reported values are the global means, identical on every process."""
         def weigh(parts: dict) -> dict:
             names = sorted(parts)
-            local = [[float(parts[name][0]) * parts[name][1] * has_documents, parts[name][1] * has_documents]
-                     for name in names]
+            counts = {name: float(parts[name][1]) * has_documents for name in names}
+            local = [[float(parts[name][0]) * counts[name], counts[name]] for name in names]
             totals = self.dist.all_reduce_sum(torch.tensor(local + [[float(self.stop_requested), 0.0]],
                                                            dtype=torch.float64))
             self.stop_requested = bool(totals[-1, 0] > 0)   # every process stops after the same step
-            return {name: (self.dist.world_size * parts[name][1] * has_documents / float(totals[i, 1]),
+            return {name: (self.dist.world_size * counts[name] / float(totals[i, 1]),
                            (totals[i, 0] / totals[i, 1]).float())
                     for i, name in enumerate(names)}
         return weigh

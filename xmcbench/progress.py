@@ -16,11 +16,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from xmcbench.errors import XmcError
 
 DEFAULT_INTERVAL_SECONDS = 30.0
+TERMINAL_STATUS_SECONDS = 1.0   # the fields beside a terminal bar are evaluated at most this often
 
 
 def _status(fields: dict) -> str:
+    """Fields as `key value`; a callable value is called now (it may be costly: a training loss read from a
+    GPU), and left out when it returns None."""
+    values = {key: value() if callable(value) else value for key, value in fields.items()}
     return "  ".join(f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}"
-                     for key, value in fields.items())
+                     for key, value in values.items() if value is not None)
 
 
 def _duration(seconds: float) -> str:
@@ -44,7 +48,8 @@ def log_interval() -> float:
 
 @contextlib.contextmanager
 def progress_bar(description: str, total: int, unit: str = "", completed: int = 0):
-    """Yields advance(n, **fields); fields such as loss=... are shown beside the bar.
+    """Yields advance(n, **fields); fields such as loss=... are shown beside the bar (a callable field is
+    called only when shown).
 
     total, completed: units of work in all and already done before this session (a resumed epoch); the rate
     and ETA count only this session's work. unit names what is counted ("documents"): lines then show the
@@ -54,9 +59,15 @@ def progress_bar(description: str, total: int, unit: str = "", completed: int = 
                    TimeRemainingColumn(), TextColumn("{task.fields[status]}")]
         with Progress(*columns, transient=False) as progress:
             task = progress.add_task(description, total=total, completed=completed, status="")
+            shown = {"at": -float("inf")}
 
             def advance(n: int = 1, **fields) -> None:
-                progress.update(task, advance=n, **({"status": _status(fields)} if fields else {}))
+                now = time.perf_counter()
+                if fields and now - shown["at"] >= TERMINAL_STATUS_SECONDS:   # rich redraws a few times a second
+                    shown["at"] = now
+                    progress.update(task, advance=n, status=_status(fields))
+                else:
+                    progress.update(task, advance=n)
 
             yield advance
         return
