@@ -56,9 +56,9 @@ def run_command(method: Optional[str] = typer.Argument(None, help="method name, 
         raise XmcError("name a method (e.g. `xmcbench run lightxml`) or --resume RUN_DIR")
     else:
         options = list(set_options or []) + ([f"threads={threads}"] if threads is not None else [])
-        plan = runner.plan_run(registry, method, dataset, config_file, options, seed)
+        plan = runner.plan_run(registry, method, dataset, config_file, options, seed, data_dir)
     if print_config:
-        typer.echo(json.dumps({"method": plan.method, "dataset": plan.dataset, **plan.config.to_dict()}, indent=2))
+        typer.echo(json.dumps(describe_plan(plan), indent=2))
         return
     run_dir = runner.run(plan, output, data_dir, overwrite, registry, log=lambda line: typer.echo(line, err=True),
                          resume=resume is not None)
@@ -74,10 +74,15 @@ def run_command(method: Optional[str] = typer.Argument(None, help="method name, 
 @app.command("config")
 def config_command(method: str = typer.Argument(...), dataset: Optional[str] = DatasetOption,
                    set_options: Optional[List[str]] = SetOption, config_file: Optional[Path] = ConfigOption,
-                   seed: Optional[int] = typer.Option(None, "--seed")):
-    """Print the fully resolved configuration of a run without running it."""
-    plan = runner.plan_run(build_registry(), method, dataset, config_file, list(set_options or []), seed)
-    typer.echo(json.dumps({"method": plan.method, "dataset": plan.dataset, **plan.config.to_dict()}, indent=2))
+                   seed: Optional[int] = typer.Option(None, "--seed"), data_dir: Optional[Path] = DataDirOption):
+    """Print the fully resolved configuration of a run without running it: every setting, and for a dataset
+    without a preset, the settings derived from its statistics with what each follows from."""
+    plan = runner.plan_run(build_registry(), method, dataset, config_file, list(set_options or []), seed, data_dir)
+    typer.echo(json.dumps(describe_plan(plan), indent=2))
+
+
+def describe_plan(plan: runner.Plan) -> dict:
+    return {"method": plan.method, "dataset": plan.dataset, **plan.config.to_dict(), **plan.describe()}
 
 
 @app.command("predict")

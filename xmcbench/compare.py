@@ -27,9 +27,11 @@ def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds
     """Train what is missing; return {method: [run directory per seed]}."""
     if not methods:
         raise XmcError("name at least one method to compare (e.g. xmcbench compare lightxml lightxml-static)")
-    plans = {(method, seed): runner.plan_run(registry, method, dataset, config_file, set_options, seed)
+    loaded = runner.open_dataset(registry, dataset or runner.DEFAULT_DATASET, data_dir)
+    plans = {(method, seed): runner.plan_run(registry, method, dataset, config_file, set_options, seed, data_dir,
+                                             loaded=loaded)
              for method in methods for seed in seeds}   # every setting is checked before anything trains
-    version = runner.open_dataset(registry, dataset or runner.DEFAULT_DATASET, data_dir).version
+    version = loaded.version
     cells: dict[str, list[Path]] = {method: [] for method in methods}
     for (method, seed), plan in plans.items():
         run_dir = results_dir / f"{method}-seed{seed}-{result_key(registry, plan, version)}"

@@ -56,6 +56,8 @@ class TrainConfig:
     checkpoint_every_epochs: int = 1
     keep_checkpoint: bool = False   # keep the final training checkpoint once the run has finished
     validation_size: int = 0       # training documents held out for model selection (0: none, keep the last)
+    selection_metric: str = "P@5"  # validation metric that selects the epoch (and stops early): P@k, nDCG@k, PSP@k
+    patience: int = 0              # stop after this many epochs without a better validation score (0: never)
     max_train_docs: int = 0        # train on a seeded subset (0: all)
     length_bucketing: bool = True  # batches of similar length: less padding, same expected gradient
     amp: bool = True               # automatic mixed precision, CUDA only
@@ -200,8 +202,11 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 
 def resolve_config(method: MethodSpec, dataset_name: str, config_file: Path | None = None,
-                   set_options: list[str] = ()) -> TrainConfig:
-    config = apply_overrides(TrainConfig(), method.defaults, f"method {method.name!r}")
+                   set_options: list[str] = (), derived: dict[str, Any] | None = None) -> TrainConfig:
+    """derived: settings derived from the dataset (xmcbench.defaults), for datasets without a preset; they
+    sit above TrainConfig's defaults and below everything else."""
+    config = apply_overrides(TrainConfig(), derived or {}, "settings derived from the dataset")
+    config = apply_overrides(config, method.defaults, f"method {method.name!r}")
     config = apply_overrides(config, method.presets.get(dataset_name, {}),
                              f"method {method.name!r} preset for {dataset_name!r}")
     if config_file is not None:

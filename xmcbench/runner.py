@@ -14,7 +14,7 @@ import resource
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +23,10 @@ import torch
 
 import xmcbench
 from xmcbench import clustering
-from xmcbench.config import TrainConfig, resolve_config
+from xmcbench.config import TrainConfig, parse_set_options, read_config_file, resolve_config
 from xmcbench.data import Dataset, data_dir_from_env, load_dataset, load_dataset_from_path
+from xmcbench.defaults import RULE_VERSION, DatasetStatistics, Derived, DeviceFacts, dataset_statistics, \
+    derive_settings
 from xmcbench.distributed import Distributed, broadcast_text, from_environment, shutdown
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import LabelClusters
@@ -35,33 +37,86 @@ from xmcbench.pipeline import Predictions, Trainer, TrainingInterrupted, XMCMode
     recalled_truth, seed_everything, set_threads
 from xmcbench.registry import COMPONENT_KINDS, Registry, build_registry
 from xmcbench.storage import atomic_write, cache_dir, fingerprint, write_json
-from xmcbench.tokenization import tokenize
+from xmcbench.tokenization import load_tokenizer, tokenize
 
 DEFAULT_DATASET = "debian-debtags-mini"
 FINISHED_MARKER = "metrics.json"
+SELECTION_METRICS = tuple(f"{name}@{k}" for name in ("P", "nDCG", "PSP", "PSnDCG", "R") for k in (1, 3, 5))
 VERSIONED_PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "scipy", "scikit-learn", "safetensors")
 
 
 @dataclass
 class Plan:
-    """Everything a run is decided by, before anything heavy happens."""
+    """Everything a run is decided by, before anything heavy happens.
+
+    derived: the settings the dataset-aware rule chose (xmcbench.defaults), with what each follows from;
+    empty when the method has a preset for the dataset. statistics, device: what the rule read.
+    loaded: the dataset, when planning had to read it (the run then reads it no second time)."""
 
     method: str
     dataset: str
     config: TrainConfig
+    derived: dict[str, Derived] = field(default_factory=dict)
+    statistics: DatasetStatistics | None = None
+    device: DeviceFacts | None = None
+    loaded: Dataset | None = field(default=None, repr=False, compare=False)
+
+    def describe(self) -> dict:
+        """What `xmcbench config` prints and config.json records about how the settings were chosen."""
+        if self.statistics is None:
+            return {"derived": {}}
+        return {"derived": {key: derived.to_dict() for key, derived in self.derived.items()},
+                "rule_version": RULE_VERSION, "dataset_statistics": self.statistics.to_dict(),
+                "device_facts": self.device.to_dict()}
 
 
 def plan_run(registry: Registry, method: str, dataset: str | None = None, config_file: Path | None = None,
-             set_options: list[str] = (), seed: int | None = None) -> Plan:
+             set_options: list[str] = (), seed: int | None = None, data_dir: Path | None = None,
+             loaded: Dataset | None = None) -> Plan:
+    """Resolve a run's settings. Without a preset of the method for the dataset, the dataset is read and its
+    statistics decide the settings the user, the method and a config file leave open (xmcbench.defaults).
+    loaded: the dataset, already read (compare plans many cells of one dataset)."""
     spec = registry.method(method)
     dataset = dataset or DEFAULT_DATASET
     preset_key = dataset if dataset in registry.datasets else Path(dataset).name
     options = list(set_options) + ([f"seed={seed}"] if seed is not None else [])
     config = resolve_config(spec, preset_key, config_file, options)
-    for kind in COMPONENT_KINDS:   # fail before any data is read
+    check_settings(registry, config)   # fail before any data is read
+    if preset_key in spec.presets:
+        return Plan(method, dataset, config)
+    loaded = loaded or open_dataset(registry, dataset, data_dir)
+    pool = training_pool(loaded, config)
+    statistics = dataset_statistics([loaded.train_texts[i] for i in pool],
+                                    loaded.train_labels[pool][:, :loaded.num_labels].tocsr(),
+                                    load_tokenizer(config.model_name), seed=config.seed)
+    device = device_facts(config)
+    explicit = set(spec.defaults) | set(spec.presets.get(preset_key, {})) | set(parse_set_options(options))
+    if config_file is not None:
+        explicit |= set(read_config_file(config_file))
+    derived = {key: value for key, value in derive_settings(statistics, device).items() if key not in explicit}
+    config = resolve_config(spec, preset_key, config_file, options,
+                            derived={key: value.value for key, value in derived.items()})
+    check_settings(registry, config)
+    return Plan(method, dataset, config, derived, statistics, device, loaded)
+
+
+def check_settings(registry: Registry, config: TrainConfig) -> None:
+    """Settings that can be checked without data: component names, storage dtype, selection metric."""
+    for kind in COMPONENT_KINDS:
         registry.component(kind, getattr(config, kind))
     storage_dtype(config.storage_dtype)   # and not after training, when the model is saved
-    return Plan(method, dataset, config)
+    if config.selection_metric not in SELECTION_METRICS:
+        raise XmcError(f"selection_metric={config.selection_metric!r} is not a validation metric; choose one of "
+                       f"{', '.join(SELECTION_METRICS)}")
+
+
+def device_facts(config: TrainConfig) -> DeviceFacts:
+    """The device a run will use, as the dataset-aware rule sees it (no CUDA initialisation on a CPU)."""
+    wants_cuda = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
+    if wants_cuda and torch.cuda.is_available():
+        index = 0 if config.device == "auto" else (torch.device(config.device).index or 0)
+        return DeviceFacts("cuda", round(torch.cuda.get_device_properties(index).total_memory / 2**30, 1))
+    return DeviceFacts("cpu")
 
 
 def open_dataset(registry: Registry, name: str, data_dir: Path | None = None) -> Dataset:
@@ -131,11 +186,15 @@ def score(predictions: Predictions, truth: sp.csr_matrix, model: XMCModel, inv_p
     return evaluate(predictions.labels, truth, inv_propensity=inv_propensity, recalled_truth=recalled)
 
 
+def training_pool(dataset: Dataset, config: TrainConfig) -> np.ndarray:
+    """The training rows a run draws from, in a seeded order: all, or a subset of max_train_docs."""
+    rows = np.random.default_rng(config.seed).permutation(len(dataset.train_texts))
+    return rows[:config.max_train_docs] if config.max_train_docs else rows
+
+
 def split_train_rows(dataset: Dataset, config: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
     """Seeded (training rows, validation rows) of the training set; the test set is never looked at."""
-    rows = np.random.default_rng(config.seed).permutation(len(dataset.train_texts))
-    if config.max_train_docs:
-        rows = rows[:config.max_train_docs]
+    rows = training_pool(dataset, config)
     if config.validation_size >= len(rows):
         raise XmcError(f"validation_size={config.validation_size} leaves no training documents "
                        f"(the training set has {len(rows)})")
@@ -224,7 +283,7 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
         prepare_output(output, overwrite)
     threads = set_threads(config)
     device = pick_device(config, dist)
-    dataset = open_dataset(registry, plan.dataset, data_dir)
+    dataset = plan.loaded or open_dataset(registry, plan.dataset, data_dir)
     if resume:
         from xmcbench.storage import read_json
 
@@ -236,6 +295,9 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
         f"documents, {dataset.num_labels} labels; device {device}, {threads} threads"
         + (f", {dist.world_size} processes (global batch {config.batch_size}, about "
            f"{config.batch_size / dist.world_size:g} documents per process)" if dist.enabled else ""))
+    if plan.derived:
+        log(f"settings derived from the data (no {plan.method} preset for {dataset.name}; see config.json): "
+            + ", ".join(f"{key} {value.value}" for key, value in plan.derived.items()))
     if dataset.report:
         log("input policies applied (see data_report.json): "
             + ", ".join(f"{key} {value}" for key, value in sorted(dataset.report.items())))
@@ -261,7 +323,7 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
 
         def validate(candidate: XMCModel) -> float:
             found = predict(candidate, validation_tokens, config, device, description="validating", dist=dist)
-            return score(found, validation_truth, candidate, inv_propensity)["P@5"]
+            return score(found, validation_truth, candidate, inv_propensity)[config.selection_metric]
 
     if dist.is_main:
         output.mkdir(parents=True, exist_ok=True)
@@ -311,6 +373,7 @@ def write_run_config(output, plan, dataset, config, clusters, threads, device, t
     dataset_ref = plan.dataset if plan.dataset in registry.datasets else str(Path(plan.dataset).resolve())
     write_json(output / "config.json", {"method": plan.method, "dataset": dataset_ref, "dataset_name": dataset.name,
                                         "dataset_version": dataset.version, "config": config.to_dict(),
+                                        **plan.describe(),
                                         "resolved": {"num_labels": dataset.num_labels,
                                                      "num_clusters": clusters.num_clusters,
                                                      "flat": clusters.is_flat, "threads": threads,
@@ -335,7 +398,8 @@ def save_predictions(path: Path, predictions: Predictions) -> None:
 
 def write_training_log(output: Path, log) -> None:
     write_json(output / "training_log.json", {"steps": log.steps, "validation": log.validation,
-                                              "selected_epoch": log.selected_epoch, "swa_updates": log.swa_updates})
+                                              "selected_epoch": log.selected_epoch,
+                                              "stopped_early": log.stopped_early, "swa_updates": log.swa_updates})
     plot_loss(output / "loss.png", log.steps)
 
 

@@ -1,0 +1,159 @@
+"""Dataset-aware defaults: settings derived from a training set's statistics and the device.
+
+A dataset without a preset of the method gets these instead of fixed numbers: the statistics of its training
+set (documents, labels, label frequencies, token lengths under the encoder's tokenizer) and the device decide
+the settings in RULES below. README.md shows the rule as a table (statistic -> setting -> why).
+
+Resolution order with the rule (config.resolve_config):
+    TrainConfig defaults < derived < method defaults < preset < --config file < --set
+so a method's own deliberate defaults, a preset, a config file and --set all win over a derived value; a
+derived value that something later overrides is not reported as derived.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+# A change to any rule below changes the configurations it derives: bump it, so results stay traceable.
+RULE_VERSION = 1
+
+LENGTH_SAMPLE = 2000             # training texts tokenized (without truncation) for the length distribution
+LENGTH_QUANTILE = 0.9            # max_length covers this share of training texts whole...
+LENGTH_STEP = 32                 # ...rounded up to a multiple of this
+CPU_MAX_LENGTH = 128             # a CPU pays ~linearly per token: beyond this, longer texts are truncated
+GPU_MAX_LENGTH = 512
+MIN_VALIDATION_DOCUMENTS = 1000  # below this many training documents, none are held out
+VALIDATION_SHARE = 0.1
+VALIDATION_RANGE = (200, 4000)   # the paper holds out 4,000 documents of Wiki-500K / Amazon-670K
+FLAT_MAX_LABELS = 30000          # the paper's models are flat up to Wiki10-31K's 30,938 labels
+CLUSTER_SIZE = 16
+CANDIDATES_PER_DOCUMENT = 512    # top clusters b x cluster size: the ranker's shortlist per document
+TARGET_STEPS = 3000              # steps that fresh heads need on a pretrained encoder (see README)
+EPOCH_RANGE = (3, 20)
+PATIENCE = 2
+HEAD_LR = 1e-3
+
+
+@dataclass(frozen=True)
+class DatasetStatistics:
+    """What the rule reads of a training set (all counts over the training rows the run will use)."""
+
+    documents: int                 # training documents before any validation split
+    labels: int                    # training label vocabulary
+    labels_per_document: float
+    median_documents_per_label: float
+    share_of_labels_with_at_most_2_documents: float
+    share_of_documents_with_the_top_label: float
+    token_length_p50: int          # tokens per text, special tokens included, no truncation,
+    token_length_p90: int          # over a seeded sample of at most LENGTH_SAMPLE training texts
+    token_length_p95: int
+    model_max_length: int          # positions the encoder can read (its tokenizer's limit)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    kind: str                      # "cpu" or "cuda"
+    gpu_memory_gib: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Derived:
+    value: Any
+    source: str    # the statistics it follows from, with their values
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def dataset_statistics(train_texts: list[str], train_labels, tokenizer, seed: int = 0) -> DatasetStatistics:
+    """train_labels: (N, L) 0/1 csr of the training documents; tokenizer: the encoder's (fast) tokenizer."""
+    documents, labels = train_labels.shape
+    counts = np.bincount(train_labels.indices, minlength=labels)
+    seen = counts[counts > 0]
+    sample = np.random.default_rng(seed).permutation(documents)[:LENGTH_SAMPLE]
+    lengths = np.array([len(ids) for ids in tokenizer([train_texts[i] for i in sample], add_special_tokens=True,
+                                                      truncation=False, verbose=False)["input_ids"]])
+    if not len(lengths):
+        lengths = np.zeros(1)
+    limit = getattr(tokenizer, "model_max_length", GPU_MAX_LENGTH)
+    return DatasetStatistics(
+        documents=int(documents),
+        labels=int(labels),
+        labels_per_document=round(float(train_labels.nnz) / max(documents, 1), 3),
+        median_documents_per_label=float(np.median(seen)) if len(seen) else 0.0,
+        share_of_labels_with_at_most_2_documents=round(float(np.mean(seen <= 2)) if len(seen) else 0.0, 4),
+        share_of_documents_with_the_top_label=round(float(counts.max(initial=0)) / max(documents, 1), 4),
+        token_length_p50=int(np.percentile(lengths, 50)),
+        token_length_p90=int(np.percentile(lengths, 90)),
+        token_length_p95=int(np.percentile(lengths, 95)),
+        model_max_length=int(limit) if limit and limit < 1_000_000 else GPU_MAX_LENGTH,
+    )
+
+
+def derive_settings(stats: DatasetStatistics, device: DeviceFacts) -> dict[str, Derived]:
+    """The dataset-aware settings, each with the statistics it follows from and why (README's table)."""
+    derived: dict[str, Derived] = {}
+    n, labels = stats.documents, stats.labels
+
+    validation = 0
+    if n >= MIN_VALIDATION_DOCUMENTS:
+        validation = int(min(max(round(VALIDATION_SHARE * n), VALIDATION_RANGE[0]), VALIDATION_RANGE[1]))
+    derived["validation_size"] = Derived(
+        validation, f"documents = {n}",
+        f"{VALIDATION_SHARE:.0%} of the training documents, within {VALIDATION_RANGE}, held out to select the "
+        f"epoch and stop early; none below {MIN_VALIDATION_DOCUMENTS} documents" if validation else
+        f"below {MIN_VALIDATION_DOCUMENTS} training documents every one is needed for training")
+    train_documents = n - validation
+
+    cap = min(GPU_MAX_LENGTH if device.kind == "cuda" else CPU_MAX_LENGTH, stats.model_max_length)
+    covering = int(math.ceil(stats.token_length_p90 / LENGTH_STEP) * LENGTH_STEP)
+    derived["max_length"] = Derived(
+        max(LENGTH_STEP, min(covering, cap)),
+        f"token length p90 = {stats.token_length_p90} (p50 {stats.token_length_p50}); device {device.kind}",
+        f"covers {LENGTH_QUANTILE:.0%} of texts whole, rounded up to a multiple of {LENGTH_STEP}, at most {cap} "
+        f"on {device.kind} (the encoder's cost grows with length; short texts should not pay for 512)")
+
+    batch_size = 32 if device.kind == "cuda" and train_documents >= 20000 else 16
+    derived["batch_size"] = Derived(
+        batch_size, f"device {device.kind}; training documents = {train_documents}",
+        "32 on a GPU with at least 20,000 training documents (the paper's batch for its large sets), else 16 "
+        "(LightXML's default): small sets need the steps")
+
+    flat = labels <= FLAT_MAX_LABELS
+    derived["cluster_size"] = Derived(
+        1 if flat else CLUSTER_SIZE, f"labels = {labels}",
+        f"flat (one logit per label) up to {FLAT_MAX_LABELS} labels, as the paper's models up to Wiki10-31K; "
+        f"beyond, clusters of about {CLUSTER_SIZE} labels with a ranker")
+    if not flat:
+        top = max(1, CANDIDATES_PER_DOCUMENT // CLUSTER_SIZE)
+        derived["top_clusters"] = Derived(
+            top, f"cluster size = {CLUSTER_SIZE}",
+            f"{top} clusters of {CLUSTER_SIZE}: a shortlist of about {CANDIDATES_PER_DOCUMENT} labels per document")
+
+    derived["head_lr"] = Derived(
+        HEAD_LR, "recaller and ranker start from random weights",
+        f"fresh heads learn at {HEAD_LR:g} while the pretrained encoder keeps lr; at the encoder's 1e-4 a "
+        "short run learns label frequencies only")
+
+    steps_per_epoch = max(1, math.ceil(train_documents / batch_size))
+    epochs = int(min(max(math.ceil(TARGET_STEPS / steps_per_epoch), EPOCH_RANGE[0]), EPOCH_RANGE[1]))
+    derived["epochs"] = Derived(
+        epochs, f"{steps_per_epoch} steps per epoch ({train_documents} documents / batch {batch_size})",
+        f"at most enough epochs for {TARGET_STEPS} steps, within {EPOCH_RANGE}"
+        + (f"; training stops earlier once {PATIENCE} epochs pass without a better validation score"
+           if validation else ""))
+    if validation:
+        derived["patience"] = Derived(PATIENCE, f"validation_size = {validation}",
+                                      "early stopping on the validation split, never the test set")
+    return derived
