@@ -1,0 +1,155 @@
+"""Dataset-aware defaults: statistics of a training set, the rule that turns them into settings, and where
+the rule applies (datasets without a preset) and where it does not (presets, method defaults, --set)."""
+
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from typer.testing import CliRunner
+
+from xmcbench import defaults, runner
+from xmcbench.cli import app
+from xmcbench.defaults import DatasetStatistics, DeviceFacts, dataset_statistics, derive_settings
+from xmcbench.registry import build_registry
+from xmcbench.tokenization import load_tokenizer
+
+
+def statistics(**overrides) -> DatasetStatistics:
+    values = {"documents": 5000, "labels": 800, "labels_per_document": 3.0, "median_documents_per_label": 4.0,
+              "share_of_labels_with_at_most_2_documents": 0.4, "share_of_documents_with_the_top_label": 0.3,
+              "token_length_p50": 90, "token_length_p90": 170, "token_length_p95": 220, "model_max_length": 512}
+    return DatasetStatistics(**{**values, **overrides})
+
+
+CPU, GPU = DeviceFacts("cpu"), DeviceFacts("cuda", 80.0)
+
+
+def values(derived) -> dict:
+    return {key: value.value for key, value in derived.items()}
+
+
+def test_statistics_of_a_training_set():
+    texts = ["one two three", "four five", "six", "seven eight nine ten"] * 25
+    rows = np.repeat(np.arange(100), [3 if i % 4 == 0 else 1 for i in range(100)])
+    columns = np.concatenate([[0, 1, 2] if i % 4 == 0 else [0 if i % 2 else 3] for i in range(100)])
+    labels = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, columns)), shape=(100, 5))
+    tokenizer = load_tokenizer("sentence-transformers/all-MiniLM-L6-v2")
+    stats = dataset_statistics(texts, labels, tokenizer)
+    assert stats.documents == 100 and stats.labels == 5
+    assert stats.labels_per_document == pytest.approx(1.5)
+    # label 0 on 50 + 25 documents, 1 and 2 on 25, 3 on 25, label 4 on none (not counted)
+    assert stats.share_of_documents_with_the_top_label == pytest.approx(0.75)
+    assert stats.median_documents_per_label == 25.0 and stats.share_of_labels_with_at_most_2_documents == 0.0
+    # [CLS] + words + [SEP]: 3 to 6 tokens
+    assert 3 <= stats.token_length_p50 <= stats.token_length_p90 <= stats.token_length_p95 <= 6
+    assert stats.model_max_length == 512
+
+
+def test_every_derived_setting_names_what_it_follows_from():
+    for device in (CPU, GPU):
+        for stats in (statistics(), statistics(documents=300, labels=50000)):
+            derived = derive_settings(stats, device)
+            assert {"validation_size", "max_length", "batch_size", "cluster_size", "head_lr", "epochs"} <= set(derived)
+            for key, value in derived.items():
+                assert value.source and value.why, key
+
+
+def test_max_length_follows_the_length_distribution_and_the_device():
+    short = values(derive_settings(statistics(token_length_p90=40), CPU))["max_length"]
+    assert short == 64 and short % defaults.LENGTH_STEP == 0      # 40 rounded up: short texts do not pay for 128
+    assert values(derive_settings(statistics(token_length_p90=900), CPU))["max_length"] == defaults.CPU_MAX_LENGTH
+    assert values(derive_settings(statistics(token_length_p90=300), GPU))["max_length"] == 320
+    assert values(derive_settings(statistics(token_length_p90=900), GPU))["max_length"] == defaults.GPU_MAX_LENGTH
+    assert values(derive_settings(statistics(token_length_p90=900, model_max_length=256), GPU))["max_length"] == 256
+
+
+def test_validation_split_only_when_there_are_enough_documents():
+    assert values(derive_settings(statistics(documents=500), CPU))["validation_size"] == 0
+    assert "patience" not in derive_settings(statistics(documents=500), CPU)
+    small, large = (values(derive_settings(statistics(documents=n), CPU)) for n in (5000, 2_000_000))
+    assert small["validation_size"] == 500 and small["patience"] == defaults.PATIENCE
+    assert large["validation_size"] == defaults.VALIDATION_RANGE[1]
+
+
+def test_label_clusters_beyond_the_flat_limit():
+    flat = values(derive_settings(statistics(labels=defaults.FLAT_MAX_LABELS), CPU))
+    assert flat["cluster_size"] == 1 and "top_clusters" not in flat
+    clustered = values(derive_settings(statistics(labels=defaults.FLAT_MAX_LABELS + 1), CPU))
+    assert clustered["cluster_size"] > 1 and clustered["top_clusters"] * clustered["cluster_size"] >= 256
+
+
+def test_fewer_documents_get_more_epochs_within_bounds():
+    epochs = [values(derive_settings(statistics(documents=n), CPU))["epochs"] for n in (1500, 5000, 50000, 10**6)]
+    assert epochs == sorted(epochs, reverse=True)
+    assert defaults.EPOCH_RANGE[0] <= min(epochs) and max(epochs) <= defaults.EPOCH_RANGE[1]
+
+
+def test_a_gpu_gets_a_larger_batch_on_large_sets_only():
+    assert values(derive_settings(statistics(documents=200_000), GPU))["batch_size"] > \
+        values(derive_settings(statistics(documents=200_000), CPU))["batch_size"]
+    assert values(derive_settings(statistics(documents=2000), GPU))["batch_size"] == 16
+
+
+# -- where the rule applies -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def registry():
+    return build_registry()
+
+
+def test_a_plain_folder_gets_derived_settings_and_set_wins(registry, tiny_dataset):
+    plan = runner.plan_run(registry, "lightxml", str(tiny_dataset))
+    assert plan.derived and plan.statistics.documents == 48
+    for key, derived in plan.derived.items():
+        assert getattr(plan.config, key) == derived.value, key
+    pinned = runner.plan_run(registry, "lightxml", str(tiny_dataset), set_options=["max_length=48", "epochs=1"])
+    assert pinned.config.max_length == 48 and pinned.config.epochs == 1
+    assert "max_length" not in pinned.derived and "epochs" not in pinned.derived
+
+
+def test_a_config_file_and_the_methods_own_defaults_win_over_the_rule(registry, tiny_dataset, tmp_path):
+    config_file = tmp_path / "settings.toml"
+    config_file.write_text("head_lr = 0.005\n")
+    plan = runner.plan_run(registry, "lightxml", str(tiny_dataset), config_file=config_file)
+    assert plan.config.head_lr == 0.005 and "head_lr" not in plan.derived
+    # lightxml's own defaults (e.g. lr, num_layers) are never derived
+    assert not {"lr", "num_layers", "dropout"} & set(plan.derived)
+
+
+def test_presets_are_left_as_they_are(registry):
+    plan = runner.plan_run(registry, "lightxml", "wiki500k")
+    assert plan.derived == {} and plan.statistics is None and plan.loaded is None
+    assert plan.config.num_clusters == 8192 and plan.config.lr == 1e-4
+
+
+def test_config_command_prints_the_derived_settings_before_any_training(tiny_dataset, tmp_path):
+    result = CliRunner().invoke(app, ["config", "lightxml", "--dataset", str(tiny_dataset)])
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.output)
+    assert printed["dataset_statistics"]["documents"] == 48 and printed["device_facts"]["kind"] in ("cpu", "cuda")
+    assert printed["derived"]["max_length"]["value"] == printed["max_length"]
+    assert "token length p90" in printed["derived"]["max_length"]["source"]
+    assert not list(tmp_path.glob("runs"))   # nothing trained, nothing written
+
+
+def test_a_bad_selection_metric_is_one_line_before_data_is_read(registry):
+    from xmcbench.errors import XmcError
+
+    with pytest.raises(XmcError, match="selection_metric='P@7' is not a validation metric; choose one of P@1"):
+        runner.plan_run(registry, "lightxml", "/nonexistent/folder", set_options=["selection_metric=P@7"])
+
+
+@pytest.mark.slow
+def test_a_run_records_what_was_derived_and_from_what(registry, tiny_model_dir, tiny_dataset, tmp_path):
+    options = {"model_name": str(tiny_model_dir), "pretrained_weights": "false", "num_layers": 2, "epochs": 1,
+               "threads": 1}
+    plan = runner.plan_run(registry, "lightxml", str(tiny_dataset), set_options=[f"{k}={v}" for k, v in options.items()])
+    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    recorded = json.loads((run_dir / "config.json").read_text())
+    assert recorded["rule_version"] == defaults.RULE_VERSION
+    assert recorded["dataset_statistics"] == plan.statistics.to_dict()
+    assert set(recorded["derived"]) == set(plan.derived) and "epochs" not in recorded["derived"]
+    for key, derived in recorded["derived"].items():
+        assert recorded["config"][key] == derived["value"] and derived["source"] and derived["why"]
+    assert recorded["config"] == plan.config.to_dict()   # what --resume and compare read back
