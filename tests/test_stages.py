@@ -152,3 +152,48 @@ def test_static_methods_need_clusters(registry, tiny_model_dir, tiny_dataset):
 def test_malformed_stage_is_rejected():
     with pytest.raises(XmcError, match="malformed"):
         Stage("bad", trains=("decoder",))
+
+
+def test_a_head_warmup_trains_the_heads_on_the_frozen_encoder_first(registry, tiny_model_dir, tiny_dataset):
+    from xmcbench.config import training_stages
+
+    plan, dataset, model, tokens = tiny_setup(registry, tiny_model_dir, "lightxml", tiny_dataset,
+                                              head_warmup_epochs=2)
+    stages = training_stages(registry.method("lightxml").stages, plan.config)
+    assert [s.name for s in stages] == ["head-warmup", "joint"]
+    trainer = Trainer(model, tokens, dataset.train_labels, plan.config, torch.device("cpu"), stages=stages)
+    recorder = Recorder(trainer)
+    trainer.fit()
+    assert [s["stage"] for s in recorder.steps] == ["head-warmup"] * 12 + ["joint"] * 12
+    warmup_changed = set().union(*(s["changed"] for s in recorder.steps if s["stage"] == "head-warmup"))
+    assert warmup_changed == {"recaller", "ranker"}, "the encoder stays as pretrained during the warm-up"
+    # a static method warms up what its first stage trains (its recaller, on the recall loss), so its frozen
+    # candidates still come from a recaller that trained beside the encoder
+    static = training_stages(registry.method("lightxml-static").stages, plan.config)
+    assert static[0].trains == ("recaller",) and static[0].losses == ("recall",)
+    assert training_stages(registry.method("lightxml").stages, plan.config.__class__()) == \
+        registry.method("lightxml").stages   # head_warmup_epochs=0: the paper's recipe
+
+
+def test_frozen_encoders_run_once_per_stage_with_the_same_result(registry, tiny_model_dir, tiny_dataset,
+                                                                monkeypatch):
+    from xmcbench import pipeline
+
+    results = {}
+    for budget in (pipeline.FROZEN_REPRESENTATION_BYTES, 0):   # kept once, or run at every step
+        monkeypatch.setattr(pipeline, "FROZEN_REPRESENTATION_BYTES", budget)
+        plan, dataset, model, tokens = tiny_setup(registry, tiny_model_dir, "lightxml-static", tiny_dataset,
+                                                  refit_epochs=3)
+        calls = []
+        forward = model.encoder.forward
+        model.encoder.forward = lambda ids, mask: calls.append(len(ids)) or forward(ids, mask)
+        trainer = Trainer(model, tokens, dataset.train_labels, plan.config, torch.device("cpu"),
+                          stages=registry.method("lightxml-static").stages)
+        torch.manual_seed(1)
+        trainer.fit()
+        results[budget] = ({k: v.clone() for k, v in model.state_dict().items()}, sum(calls))
+    (kept, kept_calls), (every_step, every_step_calls) = results.values()
+    # the frozen refit stage (3 epochs of 48 documents) runs its encoder over the 48 documents once
+    assert every_step_calls - kept_calls == 3 * 48 - 48
+    for key in kept:
+        assert torch.allclose(kept[key].float(), every_step[key].float(), atol=1e-5), key

@@ -11,13 +11,14 @@ import dataclasses
 from pathlib import Path
 
 from xmcbench import runner
+from xmcbench.config import training_stages
 from xmcbench.errors import XmcError
 from xmcbench.registry import Registry
 from xmcbench.storage import fingerprint
 
 
 def result_key(registry: Registry, plan: runner.Plan, dataset_version: str) -> str:
-    stages = [dataclasses.asdict(stage) for stage in registry.method(plan.method).stages]
+    stages = [dataclasses.asdict(stage) for stage in training_stages(registry.method(plan.method).stages, plan.config)]
     return fingerprint(plan.method, plan.config.to_dict(), stages, dataset_version)
 
 

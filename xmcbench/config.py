@@ -43,6 +43,7 @@ class TrainConfig:
     # training
     epochs: int = 5
     refit_epochs: int = 1          # epochs of a stage that refits the recaller on a frozen encoder
+    head_warmup_epochs: int = 0    # epochs training the fresh heads on the frozen pretrained encoder first (0: none)
     batch_size: int = 16
     eval_batch_size: int = 64
     lr: float = 1e-4
@@ -107,6 +108,22 @@ class Stage:
 
 
 JOINT_TRAINING = (Stage("joint"),)
+ENCODERS = ("encoder", "ranker_encoder")
+
+
+def training_stages(method_stages: tuple[Stage, ...], config: "TrainConfig") -> tuple[Stage, ...]:
+    """The stages a run trains: the method's, preceded by a head warm-up when config.head_warmup_epochs > 0.
+
+    The warm-up trains the heads of the method's first stage (its parts other than encoders) with that
+    stage's losses, on the frozen pretrained encoder, whose representations are then computed once: fresh
+    heads start the joint training as a fitted linear probe instead of sending random gradients into the
+    encoder (linear probing, then fine-tuning: Kumar et al., ICLR 2022)."""
+    first = method_stages[0]
+    heads = tuple(part for part in first.trains if part not in ENCODERS)
+    if config.head_warmup_epochs <= 0 or not heads:
+        return method_stages
+    return (Stage("head-warmup", trains=heads, losses=first.losses, epochs_key="head_warmup_epochs"),
+            *method_stages)
 
 
 @dataclass(frozen=True)

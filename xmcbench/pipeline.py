@@ -64,15 +64,22 @@ class XMCModel(nn.Module):
         return self.training_loss(*args, **kwargs)
 
     def training_loss(self, input_ids, attention_mask, positives, doc_index,
-                      stage: Stage = JOINT_TRAINING[0], weigh=None) -> tuple[torch.Tensor, dict]:
+                      stage: Stage = JOINT_TRAINING[0], weigh=None, frozen_representations=None
+                      ) -> tuple[torch.Tensor, dict]:
         """(B, T) ids and mask, positives (B, P) label ids padded with -1, doc_index (B,)
         -> (scalar loss, {"recall": tensor, "rank": tensor}) with the losses `stage` counts.
+
+        frozen_representations: {"encoder": (B, D), "ranker_encoder": (B, D)} for encoders the stage does not
+        train, computed once in eval mode (Trainer): what those encoders would return here, without running them.
 
         weigh: None, or a function {part: (mean loss, number of terms averaged)} -> {part: (weight, reported
         value)} that a distributed trainer uses to turn this process's means into its share of the global
         batch's means; the loss is then the weighted sum and the parts the reported values."""
-        with torch.set_grad_enabled("encoder" in stage.trains and torch.is_grad_enabled()):
-            representation = self.encoder(input_ids, attention_mask)          # (B, D)
+        frozen_representations = frozen_representations or {}
+        representation = frozen_representations.get("encoder")
+        if representation is None:
+            with torch.set_grad_enabled("encoder" in stage.trains and torch.is_grad_enabled()):
+                representation = self.encoder(input_ids, attention_mask)      # (B, D)
         recall_logits = self.recaller(representation)                        # (B, K)
         total, parts, counts = 0.0, {}, {}
         if "recall" in stage.losses:
@@ -86,8 +93,10 @@ class XMCModel(nn.Module):
         if "rank" in stage.losses and not self.is_flat:
             candidates = self.sampler(recall_logits.detach(), positives, self.clusters, doc_index)
             if self.ranker_encoder is not None:
-                with torch.set_grad_enabled("ranker_encoder" in stage.trains and torch.is_grad_enabled()):
-                    representation = self.ranker_encoder(input_ids, attention_mask)
+                representation = frozen_representations.get("ranker_encoder")
+                if representation is None:
+                    with torch.set_grad_enabled("ranker_encoder" in stage.trains and torch.is_grad_enabled()):
+                        representation = self.ranker_encoder(input_ids, attention_mask)
             rank_logits = self.ranker(representation, candidates.labels)      # (B, C)
             # the mean over real candidates as a weighted sum: a boolean-mask selection would make the host
             # wait for the device to learn its size
@@ -209,6 +218,9 @@ def to_device(device: torch.device, *tensors: torch.Tensor) -> tuple[torch.Tenso
 
 # Steps between two reads of the training losses from the device (each read waits for a GPU to catch up).
 LOSS_READ_EVERY = 32
+# A stage's frozen encoder runs once over the training set and its representations are kept, up to this size
+# (float32; 24,629 documents x 1,920 dimensions is 0.19 GB); beyond it, the frozen encoder runs every step.
+FROZEN_REPRESENTATION_BYTES = 4 * 2**30
 
 @dataclass
 class TrainingLog:
@@ -290,6 +302,7 @@ class Trainer:
         model.to(device)
         self.optimizers: list[torch.optim.Optimizer] = []
         self.frozen: list[nn.Module] = []
+        self.frozen_representations: dict[str, torch.Tensor] = {}   # see _configure
         self.scaler = torch.amp.GradScaler("cuda", enabled=device.type == "cuda" and config.amp)
         self.swa_model = None   # the stage's running average, created at its first SWA update (a model copy)
         self.rng = np.random.default_rng(config.seed)
@@ -367,7 +380,9 @@ class Trainer:
 
     # -- stages --------------------------------------------------------------------------------------
     def _configure(self, stage: Stage) -> None:
-        """Freeze what the stage does not train and build optimizers over the rest."""
+        """Freeze what the stage does not train and build optimizers over the rest. The representations of
+        frozen encoders are computed once here (they run without dropout, so they do not change within the
+        stage), unless they would not fit in FROZEN_REPRESENTATION_BYTES."""
         self.frozen = []
         for name, part in self.model.parts().items():
             part.requires_grad_(name in stage.trains)
@@ -375,6 +390,13 @@ class Trainer:
                 self.frozen.append(part)
         self.optimizers = build_optimizers(self.model, self.config)
         self.forward_model = self._wrap_distributed()
+        self.frozen_representations = {}
+        for name in ("encoder", "ranker_encoder"):
+            encoder = self.model.parts().get(name)
+            if encoder is not None and name not in stage.trains and \
+                    len(self.tokens) * encoder.out_dim * 4 <= FROZEN_REPRESENTATION_BYTES:
+                self.frozen_representations[name] = torch.from_numpy(self._map_documents(
+                    lambda ids, mask, encoder=encoder: encoder(ids, mask), (encoder.out_dim,), np.float32, 0.0))
         self._train_mode()
 
     def _wrap_distributed(self) -> nn.Module:
@@ -429,22 +451,30 @@ class Trainer:
             self.swa_model = None
         self.stage_index, self.stage_started, self.epoch, self.batch_in_epoch = self.stage_index + 1, False, 0, 0
 
-    @torch.no_grad()
     def _recalled_clusters(self, top: int) -> torch.Tensor:
         """(N, top) long: every training document's top clusters under the current encoder and recaller."""
+        top = min(top, self.model.recaller.num_clusters)
+        return torch.from_numpy(self._map_documents(
+            lambda ids, mask: self.model.recaller(self.model.encoder(ids, mask)).float().topk(top, dim=1).indices,
+            (top,), np.int64, 0))
+
+    @torch.no_grad()
+    def _map_documents(self, function, shape: tuple, dtype, fill) -> np.ndarray:
+        """(N, *shape) array of function(input_ids, attention_mask) -> (B, *shape) over every training
+        document, in eval mode and batches of similar length; in a distributed run each process computes a
+        share of every length and all receive the whole."""
         self.model.eval()
         order = np.argsort(self.tokens.lengths, kind="stable")
-        mine = order[self.dist.rank::self.dist.world_size]   # each process a share of every length
-        recalled = np.zeros((len(mine), min(top, self.model.recaller.num_clusters)), dtype=np.int64)
+        mine = order[self.dist.rank::self.dist.world_size]
+        values = np.zeros((len(mine), *shape), dtype=dtype)
         for start in range(0, len(mine), self.config.eval_batch_size):
             rows = mine[start:start + self.config.eval_batch_size]
-            input_ids, attention_mask = self.tokens.batch(rows)
             with autocast(self.device, self.config):
-                logits = self.model.recaller(self.model.encoder(input_ids.to(self.device),
-                                                                attention_mask.to(self.device)))
-            recalled[start:start + len(rows)] = logits.float().topk(recalled.shape[1], dim=1).indices.cpu().numpy()
+                result = function(*to_device(self.device, *self.tokens.batch(rows)))
+            values[start:start + len(rows)] = result.float().cpu().numpy() if dtype == np.float32 else \
+                result.cpu().numpy()
         self._train_mode()
-        return torch.from_numpy(self.dist.gather_rows(mine, recalled, len(order), fill=0))
+        return self.dist.gather_rows(mine, values, len(order), fill=fill)
 
     # -- the loop ------------------------------------------------------------------------------------
     def fit(self) -> tuple[nn.Module, TrainingLog]:
@@ -529,9 +559,12 @@ class Trainer:
             rows = shared if len(shared) else rows[:1]
         input_ids, attention_mask = self.tokens.batch(rows)
         positives = padded_positives(self.labels, rows)
+        index = torch.from_numpy(rows)
+        frozen = dict(zip(self.frozen_representations, to_device(
+            device, *(representations[index] for representations in self.frozen_representations.values()))))
         with autocast(device, config):
-            loss, parts = self.forward_model(*to_device(device, input_ids, attention_mask, positives,
-                                                        torch.from_numpy(rows)), stage, weigh=weigh)
+            loss, parts = self.forward_model(*to_device(device, input_ids, attention_mask, positives, index), stage,
+                                             weigh=weigh, frozen_representations=frozen)
         reported = sum(parts.values()) if weigh is not None else loss.detach()
         for optimizer in self.optimizers:
             optimizer.zero_grad(set_to_none=True)

@@ -23,7 +23,7 @@ import torch
 
 import xmcbench
 from xmcbench import clustering
-from xmcbench.config import TrainConfig, parse_set_options, read_config_file, resolve_config
+from xmcbench.config import TrainConfig, parse_set_options, read_config_file, resolve_config, training_stages
 from xmcbench.data import Dataset, data_dir_from_env, load_dataset, load_dataset_from_path
 from xmcbench.defaults import RULE_VERSION, DatasetStatistics, Derived, DeviceFacts, dataset_statistics, \
     derive_settings
@@ -330,9 +330,9 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
         if not resume:
             write_run_config(output, plan, dataset, config, clusters, threads, device, train_rows, validation_rows,
                              registry, dist, model)
+    stages = training_stages(registry.method(plan.method).stages, config)
     trainer = Trainer(model, train_tokens.subset(train_rows), dataset.train_labels[train_rows], config, device,
-                      validate, checkpoint_dir=output / "checkpoints", stages=registry.method(plan.method).stages,
-                      dist=dist)
+                      validate, checkpoint_dir=output / "checkpoints", stages=stages, dist=dist)
     if resume:
         state = load_checkpoint(output / "checkpoints")
         if state is not None:
