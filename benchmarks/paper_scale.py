@@ -37,7 +37,8 @@ from xmcbench import clustering, synthetic
 from xmcbench.config import JOINT_TRAINING
 from xmcbench.interfaces import LabelClusters
 from xmcbench.modelio import build_model
-from xmcbench.pipeline import Trainer, autocast, pick_device, set_threads
+from xmcbench.pipeline import LOSS_READ_EVERY, Trainer, autocast, pick_device, set_threads
+from xmcbench.profiling import count_host_syncs
 from xmcbench.registry import build_registry
 from xmcbench.runner import plan_run
 from xmcbench.tokenization import TokenizedTexts, resolve_model_path, tokenize
@@ -87,11 +88,17 @@ def measure_training(trainer: Trainer, tokens: TokenizedTexts, batches: list[np.
         if index:
             full.append(full_seconds)
             alone.append(alone_seconds)
+    with count_host_syncs() as step_syncs:   # what would make the host wait for a GPU, counted once
+        trainer.train_step(batches[-1], JOINT_TRAINING[0])
+        trainer.read_losses()
+    with count_host_syncs() as encoder_syncs:
+        encoder_step(batches[-1])
     model.zero_grad(set_to_none=True)
     documents = sum(len(rows) for rows in batches[1:])
     return {"docs_per_s": documents / sum(full), "step_s": statistics.median(full),
             "encoder_step_s": statistics.median(alone),
-            "ratio": statistics.median(f / a for f, a in zip(full, alone))}
+            "ratio": statistics.median(f / a for f, a in zip(full, alone)),
+            "host_syncs": step_syncs.total, "encoder_host_syncs": encoder_syncs.total}
 
 
 @torch.no_grad()
@@ -161,7 +168,9 @@ def run_preset(preset: str, args, model_dir: Path) -> None:
     gpu = f", peak GPU {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB" if device.type == "cuda" else ""
     print(f"training: {training['docs_per_s']:.2f} documents/s; full step {training['step_s']:.3f} s vs encoder "
           f"forward+backward {training['encoder_step_s']:.3f} s: ratio {training['ratio']:.3f} "
-          f"(median of {len(batches) - 1} batches){gpu}")
+          f"(median of {len(batches) - 1} batches){gpu}; host-device waits per step {training['host_syncs']} "
+          f"(encoder alone {training['encoder_host_syncs']}; counted with the read of the losses, which "
+          f"happens once every {LOSS_READ_EVERY} steps)")
 
     prediction_rows = np.arange(min(documents, args.predict_docs))
     for batch_size in (1, args.predict_batch):
