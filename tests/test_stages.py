@@ -197,3 +197,16 @@ def test_frozen_encoders_run_once_per_stage_with_the_same_result(registry, tiny_
     assert every_step_calls - kept_calls == 3 * 48 - 48
     for key in kept:
         assert torch.allclose(kept[key].float(), every_step[key].float(), atol=1e-5), key
+
+
+def test_early_stopping_after_patience_epochs_without_a_better_validation_score(registry, tiny_model_dir,
+                                                                                 tiny_dataset):
+    plan, dataset, model, tokens = tiny_setup(registry, tiny_model_dir, "lightxml", tiny_dataset, epochs=6,
+                                              patience=2)
+    scores = iter([0.5, 0.6, 0.55, 0.58, 0.9, 0.9])   # best after epoch 2, then two epochs without better
+    trainer = Trainer(model, tokens, dataset.train_labels, plan.config, torch.device("cpu"),
+                      validate=lambda candidate: next(scores))
+    _, log = trainer.fit()
+    assert [v["epoch"] for v in log.validation] == [1, 2, 3, 4]
+    assert log.selected_epoch == 2 and log.stopped_early == 4
+    assert trainer.documents_trained == 4 * 48   # what timings.json divides the training time by

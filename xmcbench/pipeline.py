@@ -315,6 +315,7 @@ class Trainer:
         self.unread_losses: list[tuple[dict, list[str], torch.Tensor]] = []   # see train_step
         self.epoch_loss = [0.0, 0]   # the current epoch's loss sum and steps, as read so far
         self.train_seconds = 0.0   # training time so far, across interruptions
+        self.documents_trained = 0   # documents of all steps so far (over epochs and stages), across interruptions
         self._started = time.perf_counter()
 
     @property
@@ -327,6 +328,7 @@ class Trainer:
         return {
             "position": {"stage": self.stage_index, "stage_started": self.stage_started, "epoch": self.epoch,
                          "batch_in_epoch": self.batch_in_epoch, "step": self.step,
+                         "documents_trained": self.documents_trained,
                          "train_seconds": self.train_seconds + time.perf_counter() - self._started},
             "model": self.model.state_dict(),
             "sampler": sampler.training_state() if sampler is not None else {},
@@ -347,6 +349,7 @@ class Trainer:
         self.stage_index, self.stage_started = position["stage"], position["stage_started"]
         self.epoch, self.batch_in_epoch, self.step = position["epoch"], position["batch_in_epoch"], position["step"]
         self.train_seconds = position["train_seconds"]
+        self.documents_trained = position.get("documents_trained", 0)   # absent from older checkpoints
         self.model.load_state_dict(state["model"])
         if self.model.sampler is not None:
             self.model.sampler.load_training_state(state["sampler"])
@@ -486,7 +489,10 @@ class Trainer:
             while self.stage_index < len(self.stages):
                 stage = self.stage
                 self.prepare()
-                while self.epoch < getattr(self.config, stage.epochs_key) and not self.converged():
+                while self.epoch < getattr(self.config, stage.epochs_key):
+                    if self.converged():
+                        self.log.stopped_early = self.epoch
+                        break
                     self.run_epoch(stage)
                 self._end_stage()
             self.save_checkpoint()
@@ -502,10 +508,7 @@ class Trainer:
         Read from the log, so a resumed run stops where an uninterrupted one would."""
         if not self.config.patience or self.log.selected_epoch is None or self.stage_index != len(self.stages) - 1:
             return False
-        stopped = self.epoch - self.log.selected_epoch >= self.config.patience
-        if stopped:
-            self.log.stopped_early = self.epoch
-        return stopped
+        return self.epoch - self.log.selected_epoch >= self.config.patience
 
     def run_epoch(self, stage: Stage) -> None:
         config = self.config
@@ -550,7 +553,7 @@ class Trainer:
         read_losses (every LOSS_READ_EVERY steps, at the end of an epoch and before a checkpoint): reading
         them every step would make the host wait for a GPU at every step."""
         config, device, model = self.config, self.device, self.model
-        weigh = None
+        weigh, batch_documents = None, len(rows)
         if self.dist.enabled:
             shared = self.dist.shard(rows)
             # Every process must take part in every step; one left without documents (a last batch smaller
@@ -578,6 +581,7 @@ class Trainer:
         self.scaler.update()
         self.step += 1
         self.batch_in_epoch += 1
+        self.documents_trained += batch_documents
         record = {"step": self.step, "epoch": self.epoch + 1, **({"stage": stage.name} if len(self.stages) > 1 else {})}
         self.unread_losses.append((record, ["loss", *parts], torch.stack([reported, *parts.values()]).detach()))
         if len(self.unread_losses) >= LOSS_READ_EVERY:

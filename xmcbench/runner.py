@@ -354,7 +354,8 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
     save_predictions(output / "predictions.safetensors", predictions)
     write_json(output / "timings.json", {
         "train_seconds": train_seconds,
-        "train_ms_per_document": 1000 * train_seconds / max(1, config.epochs * len(train_rows)),
+        "train_ms_per_document": 1000 * train_seconds / max(1, trainer.documents_trained),
+        "documents_trained": trainer.documents_trained,
         "predict_seconds": predict_seconds,
         "predict_ms_per_document": 1000 * predict_seconds / max(1, len(dataset.test_texts)),
         "resumed": resume,
