@@ -90,7 +90,7 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
                                     loaded.train_labels[pool][:, :loaded.num_labels].tocsr(),
                                     load_tokenizer(config.model_name), seed=config.seed)
     device = device_facts(config)
-    explicit = set(spec.defaults) | set(spec.presets.get(preset_key, {})) | set(parse_set_options(options))
+    explicit = set(spec.defaults) | set(parse_set_options(options))
     if config_file is not None:
         explicit |= set(read_config_file(config_file))
     derived = {key: value for key, value in derive_settings(statistics, device).items() if key not in explicit}
