@@ -49,25 +49,33 @@ def resolve_model_path(model_name: str) -> str:
     return model_name
 
 
-def load_tokenizer(model_name: str):
-    """The fast Hugging Face tokenizer of `model_name` (a Hub name, a bundled name or a local folder), checked:
-    a folder without vocabulary files and a tokenizer without a padding token end in one line."""
-    from transformers import AutoTokenizer
-
+def load_pretrained(load: Callable[[str], object], model_name: str, what: str):
+    """load(path) of `model_name` resolved (a Hub name, a bundled name or a local folder), where the errors a
+    user can cause end in one line: a damaged folder, a Hub name that is unknown or out of reach offline.
+    what: what is loaded, for the message ("tokenizer", "encoder config")."""
     path = resolve_model_path(model_name)
-    local = Path(path).is_dir()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
+        return load(path)
     except Exception as error:  # a missing or damaged folder raises OSError, ValueError, KeyError, TypeError...
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        if local:
-            raise XmcError(f"cannot load the tokenizer in {path}: its files are damaged "
+        if Path(path).is_dir():
+            raise XmcError(f"cannot load the {what} in {path}: its files are damaged "
                            f"({type(error).__name__}: {first_line})") from None
         if not isinstance(error, OSError):
             raise
-        raise XmcError(f"cannot load the tokenizer of {model_name!r}: {first_line} (give a local model folder, "
+        raise XmcError(f"cannot load the {what} of {model_name!r}: {first_line} (give a local model folder, "
                        "or a Hub name with internet or a local cache)") from None
-    if local and len(tokenizer) <= len(set(tokenizer.all_special_ids)):
+
+
+def load_tokenizer(model_name: str):
+    """The fast Hugging Face tokenizer of `model_name` (see load_pretrained), checked: a folder without
+    vocabulary files and a tokenizer without a padding token end in one line."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(model_name)
+    tokenizer = load_pretrained(lambda where: AutoTokenizer.from_pretrained(where, use_fast=True), model_name,
+                                "tokenizer")
+    if Path(path).is_dir() and len(tokenizer) <= len(set(tokenizer.all_special_ids)):
         # transformers builds a tokenizer of special tokens only when the vocabulary files are gone
         raise XmcError(f"the folder {path} holds no tokenizer vocabulary (tokenizer.json, vocab.txt or the like "
                        "is missing), so it is incomplete")

@@ -10,7 +10,7 @@ from torch import nn
 
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import Encoder
-from xmcbench.tokenization import load_tokenizer, resolve_model_path
+from xmcbench.tokenization import load_pretrained, load_tokenizer, resolve_model_path
 
 # Models whose summary token comes last (XLNet appends <sep><cls>); all others put it first.
 SUMMARY_LAST_MODEL_TYPES = {"xlnet"}
@@ -29,17 +29,7 @@ class TransformerClsEncoder(Encoder):
         if local and not (Path(path) / "config.json").is_file():
             raise XmcError(f"{Path(path) / 'config.json'} is missing: the encoder folder {path} holds no model "
                            "config, so it is incomplete")
-        try:
-            model_config = AutoConfig.from_pretrained(path)
-        except Exception as error:  # a damaged local folder raises OSError, ValueError, KeyError, TypeError...
-            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            if local:
-                raise XmcError(f"cannot load the encoder folder {path}: its config is damaged "
-                               f"({type(error).__name__}: {first_line})") from None
-            if not isinstance(error, OSError):
-                raise
-            raise XmcError(f"cannot load encoder {model_name!r}: {first_line} "
-                           "(give a local model folder, or a Hub name with internet or a local cache)") from None
+        model_config = load_pretrained(AutoConfig.from_pretrained, model_name, "encoder config")
         self.tokenizer = load_tokenizer(model_name)
         if pretrained_weights:
             # transformers 5 loads weights in the dtype their files hold: a checkpoint published in float16 or
