@@ -82,11 +82,15 @@ def save_checkpoint(directory: Path, state: dict, step: int) -> Path:
     temporary = directory / f".{name}.tmp-{os.getpid()}"
     shutil.rmtree(temporary, ignore_errors=True)
     temporary.mkdir()
-    tensors: dict[str, torch.Tensor] = {}
-    skeleton = split_state(state, tensors)
-    save_file(tensors, str(temporary / "tensors.safetensors"))
-    write_json(temporary / "state.json", skeleton)
-    _fsync_file(temporary / "tensors.safetensors")
+    try:
+        tensors: dict[str, torch.Tensor] = {}
+        skeleton = split_state(state, tensors)
+        save_file(tensors, str(temporary / "tensors.safetensors"))
+        write_json(temporary / "state.json", skeleton)
+        _fsync_file(temporary / "tensors.safetensors")
+    except BaseException:   # a full disk or Ctrl-C leaves no half-written folder (the previous checkpoint stays)
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
     final = directory / name
     if final.exists():
         shutil.rmtree(final)
@@ -105,9 +109,15 @@ def load_checkpoint(directory: Path) -> dict | None:
     if not pointer.exists():
         return None
     try:
-        target = directory / read_json(pointer)["directory"]
+        name = read_json(pointer)["directory"]
+        if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
+            raise XmcError(f"{pointer} names {name!r}, which is not a checkpoint folder inside {directory}; "
+                           f"delete {directory} to restart the run from scratch")
+        target = directory / name
         skeleton = read_json(target / "state.json")
         tensors = load_file(str(target / "tensors.safetensors"))
+    except XmcError:
+        raise
     except Exception as error:  # JSON, key and safetensors errors all mean the same thing here
         raise XmcError(f"the checkpoint in {directory} cannot be read ({type(error).__name__}: "
                        f"{str(error).splitlines()[0] if str(error) else ''}); delete {directory} to restart "

@@ -23,7 +23,8 @@ import torch
 
 import xmcbench
 from xmcbench import clustering
-from xmcbench.config import TrainConfig, parse_set_options, read_config_file, resolve_config, training_stages
+from xmcbench.config import MethodSpec, TrainConfig, check_top_k, parse_set_options, read_config_file, \
+    resolve_config, training_stages
 from xmcbench.data import Dataset, data_dir_from_env, load_dataset, load_dataset_from_path
 from xmcbench.defaults import RULE_VERSION, DatasetStatistics, Derived, DeviceFacts, dataset_statistics, \
     derive_settings
@@ -36,6 +37,7 @@ from xmcbench.checkpoint import load_checkpoint
 from xmcbench.pipeline import Predictions, Trainer, TrainingInterrupted, XMCModel, pick_device, predict, \
     recalled_truth, seed_everything, set_threads
 from xmcbench.registry import COMPONENT_KINDS, Registry, build_registry
+from xmcbench.rundir import ClaimedRun, claim_existing, claim_output
 from xmcbench.storage import atomic_write, cache_dir, fingerprint, write_json
 from xmcbench.tokenization import load_tokenizer, tokenize
 
@@ -51,7 +53,8 @@ class Plan:
 
     derived: the settings the dataset-aware rule chose (xmcbench.defaults), with what each follows from;
     empty when the method has a preset for the dataset. statistics, device: what the rule read.
-    loaded: the dataset, when planning had to read it (the run then reads it no second time)."""
+    loaded: the dataset, when planning had to read it (the run then reads it no second time).
+    preset: the key of the method's preset that applied, if one did."""
 
     method: str
     dataset: str
@@ -60,6 +63,7 @@ class Plan:
     statistics: DatasetStatistics | None = None
     device: DeviceFacts | None = None
     loaded: Dataset | None = field(default=None, repr=False, compare=False)
+    preset: str | None = None
 
     def describe(self) -> dict:
         """What `xmcbench config` prints and config.json records about how the settings were chosen."""
@@ -78,12 +82,13 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
     loaded: the dataset, already read (compare plans many cells of one dataset)."""
     spec = registry.method(method)
     dataset = dataset or DEFAULT_DATASET
-    preset_key = dataset if dataset in registry.datasets else Path(dataset).name
+    check_dataset_name(registry, dataset)
+    preset_key = preset_for(spec, dataset if dataset in registry.datasets else Path(dataset).name)
     options = list(set_options) + ([f"seed={seed}"] if seed is not None else [])
     config = resolve_config(spec, preset_key, config_file, options)
     check_settings(registry, config)   # fail before any data is read
     if preset_key in spec.presets:
-        return Plan(method, dataset, config)
+        return Plan(method, dataset, config, preset=preset_key)
     loaded = loaded or open_dataset(registry, dataset, data_dir)
     pool = training_pool(loaded, config)
     statistics = dataset_statistics([loaded.train_texts[i] for i in pool],
@@ -100,10 +105,30 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
     return Plan(method, dataset, config, derived, statistics, device, loaded)
 
 
+def preset_for(spec: MethodSpec, name: str) -> str:
+    """The key of the method's preset for a dataset name, matched without case or punctuation (a folder
+    named Wiki-500K gets the wiki500k preset); the name itself when there is none."""
+    def plain(text: str) -> str:
+        return "".join(character for character in text.lower() if character.isalnum())
+    if name in spec.presets:
+        return name
+    return next((key for key in spec.presets if plain(key) == plain(name)), name)
+
+
+def check_dataset_name(registry: Registry, name: str) -> None:
+    """A bare name that is both a registered dataset and a folder here is ambiguous: refuse it."""
+    if name in registry.datasets and "/" not in name and Path(name).is_dir():
+        raise XmcError(f"{name!r} is both a registered dataset and a folder in {Path.cwd()}; pass ./{name} for "
+                       "the folder, or run from another folder for the registered dataset")
+
+
 def check_settings(registry: Registry, config: TrainConfig) -> None:
-    """Settings that can be checked without data: component names, storage dtype, selection metric."""
+    """Settings that can be checked without data: ranges, component names, device, storage dtype, selection
+    metric."""
+    config.validate()
     for kind in COMPONENT_KINDS:
         registry.component(kind, getattr(config, kind))
+    pick_device(config)
     storage_dtype(config.storage_dtype)   # and not after training, when the model is saved
     if config.selection_metric not in SELECTION_METRICS:
         raise XmcError(f"selection_metric={config.selection_metric!r} is not a validation metric; choose one of "
@@ -209,19 +234,8 @@ def default_output(plan: Plan) -> Path:
     return Path("runs") / f"{plan.method}-{Path(plan.dataset).name}-{stamp}"
 
 
-def prepare_output(output: Path, overwrite: bool) -> None:
-    """Refuse to write over an earlier run unless asked to; never delete a folder that is not a run."""
-    if not output.exists() or not any(output.iterdir()):
-        return
-    is_run = (output / "config.json").exists()
-    if not is_run:
-        raise XmcError(f"{output} is not empty and holds no xmcbench run; choose another --output")
-    if not overwrite:
-        if (output / FINISHED_MARKER).exists():
-            raise XmcError(f"{output} already holds a finished run; choose another --output or pass --overwrite")
-        raise XmcError(f"{output} holds an unfinished run; continue it with `xmcbench run --resume {output}` "
-                       "or pass --overwrite")
-    shutil.rmtree(output)
+def is_finished(run_dir: Path) -> bool:
+    return (Path(run_dir) / FINISHED_MARKER).exists()
 
 
 def plan_resume(run_dir: Path) -> Plan:
@@ -231,10 +245,14 @@ def plan_resume(run_dir: Path) -> Plan:
     recorded = Path(run_dir) / "config.json"
     if not recorded.exists():
         raise XmcError(f"{run_dir} holds no run to resume (config.json is missing)")
-    if (Path(run_dir) / FINISHED_MARKER).exists():
+    if is_finished(run_dir):
         raise XmcError(f"{run_dir} holds a finished run: nothing to resume")
-    saved = read_json(recorded)
-    return Plan(saved["method"], saved["dataset"], TrainConfig.from_dict(saved["config"]))
+    try:
+        saved = read_json(recorded)
+        return Plan(saved["method"], saved["dataset"], TrainConfig.from_dict(saved["config"]))
+    except (OSError, ValueError, KeyError, TypeError):   # unreadable, not JSON, not the expected object
+        raise XmcError(f"{recorded} is damaged (it lacks the run's method, dataset or settings); this run cannot "
+                       "be resumed, start a new one") from None
 
 
 def environment() -> dict:
@@ -276,14 +294,27 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
     config = plan.config
     if not dist.is_main:
         log = lambda line: None  # noqa: E731  (one voice per run)
-    output = Path(output) if output else default_output(plan)
-    if dist.enabled:   # every process must write into the one directory rank 0 chose (names carry the time)
-        output = Path(broadcast_text(dist, str(output)))
-    if not resume and dist.is_main:
-        prepare_output(output, overwrite)
+    # everything that can refuse the run does so before the output folder is touched
     threads = set_threads(config)
     device = pick_device(config, dist)
     dataset = plan.loaded or open_dataset(registry, plan.dataset, data_dir)
+    claimed = None
+    output = Path(output) if output else default_output(plan)
+    if dist.is_main:
+        claimed = claim_existing(output) if resume else claim_output(output, overwrite, is_finished)
+        output = claimed.directory
+    if dist.enabled:   # every process writes into the one directory rank 0 claimed (names carry the time)
+        output = Path(broadcast_text(dist, str(output)))
+    try:
+        return _train_and_write(plan, output, claimed, dataset, threads, device, registry, log, resume, dist)
+    finally:
+        if claimed is not None:
+            claimed.release()
+
+
+def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, dataset: Dataset, threads: int,
+                     device: torch.device, registry: Registry, log, resume: bool, dist: Distributed) -> Path:
+    config = plan.config
     if resume:
         from xmcbench.storage import read_json
 
@@ -295,6 +326,8 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
         f"documents, {dataset.num_labels} labels; device {device}, {threads} threads"
         + (f", {dist.world_size} processes (global batch {config.batch_size}, about "
            f"{config.batch_size / dist.world_size:g} documents per process)" if dist.enabled else ""))
+    if plan.preset:
+        log(f"settings of the {plan.method} preset for {plan.preset} (--set and --config win over it)")
     if plan.derived:
         log(f"settings derived from the data (no {plan.method} preset for {dataset.name}; see config.json): "
             + ", ".join(f"{key} {value.value}" for key, value in plan.derived.items()))
@@ -366,7 +399,7 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
                                           **metrics})
     if not config.keep_checkpoint:
         shutil.rmtree(output / "checkpoints", ignore_errors=True)
-    return output
+    return claimed.finish()
 
 
 def write_run_config(output, plan, dataset, config, clusters, threads, device, train_rows, validation_rows,
@@ -471,6 +504,7 @@ def remap_labels(labels: sp.csr_matrix, names: list[str], model_names: list[str]
 
 def predict_texts(run_dir: Path, texts: list[str], top_k: int = 5, registry: Registry | None = None) -> list[dict]:
     """Top-k labels with scores for raw texts, with a saved model."""
+    check_top_k(top_k)
     registry = registry or build_registry()
     model, config, label_names = load_model_dir(run_dir, registry)
     config.top_k = top_k

@@ -1,0 +1,146 @@
+"""Claiming a run folder, so that a run never destroys what it did not write.
+
+Every run folder holds RUN_MARKER, a file only xmcbench writes, locked (flock) by the process writing the
+run for as long as it runs: a second process given the same folder is refused instead of writing over it,
+and `--overwrite` deletes only folders that carry the marker. A run that replaces an earlier one is
+written to a hidden sibling folder and swapped in when it has finished, so a run that fails, is
+interrupted or is refused leaves the earlier run as it was.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import xmcbench
+from xmcbench.errors import XmcError
+
+RUN_MARKER = ".xmcbench-run"
+
+
+@dataclass
+class ClaimedRun:
+    """target: where the run ends up (--output). directory: where this process writes it, target itself or
+    a staging sibling that replaces target in finish(). locks: the open, locked markers."""
+
+    target: Path
+    directory: Path
+    locks: list = field(default_factory=list, repr=False)
+
+    def finish(self) -> Path:
+        """Swap a staged run into place (the replaced run is deleted only then) and release the locks."""
+        if self.directory != self.target:
+            replaced = self.target.with_name(f".{self.target.name}.xmcbench-replaced")
+            shutil.rmtree(replaced, ignore_errors=True)
+            if self.target.exists():
+                os.rename(self.target, replaced)
+            os.rename(self.directory, self.target)
+            _write_marker(self.target / RUN_MARKER, replaces=None)
+            shutil.rmtree(replaced, ignore_errors=True)
+            self.directory = self.target
+        self.release()
+        return self.target
+
+    def release(self) -> None:
+        for handle in self.locks:
+            handle.close()   # closing the descriptor releases its flock
+        self.locks.clear()
+
+
+def staging_folder(target: Path) -> Path:
+    return target.with_name(f".{target.name}.xmcbench-replacement")
+
+
+def claim_output(output: Path, overwrite: bool, is_finished) -> ClaimedRun:
+    """Claim `output` for a new run. is_finished(folder) -> bool tells a finished run from an unfinished one.
+
+    Empty or missing: the run is written there. Holding a run (the marker): refused unless overwrite, then
+    the new run is staged beside it and replaces it only when finished. Anything else: refused."""
+    output = Path(output)
+    try:
+        if output.exists() and not output.is_dir():
+            raise XmcError(f"--output {output} is a file, not a folder; choose another --output")
+        output.mkdir(parents=True, exist_ok=True)
+        if not any(output.iterdir()):
+            lock = _create_locked_marker(output, replaces=None)
+            if lock is not None:
+                return ClaimedRun(output, output, [lock])
+        if not (output / RUN_MARKER).exists():
+            raise XmcError(f"{output} is not empty and holds no xmcbench run (no {RUN_MARKER} file); "
+                           "choose another --output")
+        target_lock = _lock_marker(output)
+        if {path.name for path in output.iterdir()} == {RUN_MARKER}:   # claimed, then stopped before writing
+            return ClaimedRun(output, output, [target_lock])
+        if not overwrite:
+            target_lock.close()
+            if is_finished(output):
+                raise XmcError(f"{output} already holds a finished run; choose another --output or pass --overwrite")
+            raise XmcError(f"{output} holds an unfinished run; continue it with `xmcbench run --resume {output}` "
+                           "or pass --overwrite")
+        staging = staging_folder(output)
+        if staging.exists():   # an earlier replacement that never finished: it is ours to discard
+            _lock_marker(staging).close()
+            shutil.rmtree(staging)
+        staging.mkdir()
+        return ClaimedRun(output, staging, [target_lock, _create_locked_marker(staging, replaces=output.name)])
+    except OSError as error:
+        raise XmcError(f"cannot use --output {output}: {error.strerror or error}") from None
+
+
+def claim_existing(run_dir: Path) -> ClaimedRun:
+    """Claim an unfinished run folder to resume it; a staged replacement keeps its target."""
+    run_dir = Path(run_dir)
+    marker = run_dir / RUN_MARKER
+    if not marker.exists():   # a run started before markers existed (the caller checked its config.json)
+        lock = _create_locked_marker(run_dir, replaces=None)
+        if lock is not None:
+            return ClaimedRun(run_dir, run_dir, [lock])
+    try:
+        replaces = json.loads(marker.read_text(encoding="utf-8")).get("replaces")
+    except (OSError, ValueError, AttributeError):
+        raise XmcError(f"{marker} is damaged; this run cannot be resumed, start a new one") from None
+    locks = [_lock_marker(run_dir)]
+    if replaces is None:
+        return ClaimedRun(run_dir, run_dir, locks)
+    if not isinstance(replaces, str) or Path(replaces).name != replaces:
+        raise XmcError(f"{marker} names {replaces!r} as the run it replaces: not a sibling folder name")
+    target = run_dir.with_name(replaces)
+    if target.exists():
+        locks.insert(0, _lock_marker(target))
+    return ClaimedRun(target, run_dir, locks)
+
+
+def _write_marker(path: Path, replaces: str | None) -> None:
+    path.write_text(json.dumps({"xmcbench": xmcbench.__version__, "replaces": replaces}) + "\n", encoding="utf-8")
+
+
+def _create_locked_marker(folder: Path, replaces: str | None):
+    """The marker, locked before it appears (written aside, locked, then linked into place so no other
+    process can see it unlocked). None when another process created it first."""
+    aside = folder / f"{RUN_MARKER}.{os.getpid()}"
+    _write_marker(aside, replaces)
+    handle = open(aside, "rb")
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        os.link(aside, folder / RUN_MARKER)
+    except FileExistsError:
+        handle.close()
+        return None
+    finally:
+        aside.unlink()
+    return handle
+
+
+def _lock_marker(folder: Path):
+    handle = open(folder / RUN_MARKER, "rb")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise XmcError(f"another xmcbench process is writing {folder}; wait for it to end or choose another "
+                       "--output") from None
+    return handle
