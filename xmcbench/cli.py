@@ -92,12 +92,12 @@ def predict_command(run_dir: Path = typer.Argument(..., help="a run directory (o
                                                               help="texts, one per line [default: stdin]"),
                     top_k: int = typer.Option(5, "--top-k", "-k")):
     """Write the top-k labels and scores of each input text as JSON lines."""
-    if input_file is not None:
-        from xmcbench.data import read_texts
+    from xmcbench.data import lines_of_bytes, read_texts
 
+    if input_file is not None:
         texts = read_texts(input_file)
     else:
-        texts = sys.stdin.read().splitlines()
+        texts = lines_of_bytes(sys.stdin.buffer.read(), "stdin")
     predict_texts = ensemble.predict_texts if ensemble.is_ensemble(run_dir) else runner.predict_texts
     for result in predict_texts(run_dir, texts, top_k):
         typer.echo(json.dumps(result, ensure_ascii=False))
@@ -276,6 +276,11 @@ def main() -> None:
         sys.exit(130)
     except XmcError as error:
         typer.echo(f"xmcbench: error: {error}", err=True)
+        sys.exit(2)
+    except OSError as error:   # disk full, a read-only or missing folder: the system's reason, in one line
+        where = f" ({error.filename})" if error.filename else ""
+        typer.echo(f"xmcbench: error: {error.strerror or error}{where}; free space or fix the permissions there "
+                   "and run the command again (a run continues with --resume)", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         typer.echo("xmcbench: interrupted", err=True)

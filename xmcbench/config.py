@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -74,7 +75,50 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
-        return apply_overrides(cls(), values, source="saved config")
+        config = apply_overrides(cls(), values, source="saved config")
+        config.validate("saved config")
+        return config
+
+    def validate(self, source: str = "settings") -> None:
+        """Refuse a value outside its range in one line (SETTING_RANGES), before any data is read."""
+        for key, (low, high) in SETTING_RANGES.items():
+            value = getattr(self, key)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise XmcError(f"{source}: {key}={value} is not a finite number")
+            if (low is not None and value < low) or (high is not None and value > high):
+                bounds = f"at least {low}" if high is None else f"between {low} and {high}"
+                raise XmcError(f"{source}: {key}={value} is out of range; it must be {bounds}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise XmcError(f"{source}: dropout={self.dropout:g} is out of range; it must be in [0, 1)")
+        if self.num_clusters and self.num_clusters & (self.num_clusters - 1):
+            raise XmcError(f"{source}: num_clusters={self.num_clusters} must be a power of two (or 0 to use "
+                           "cluster_size)")
+
+
+# Metrics go to @5, so a run keeps at least 5 labels per document; more than MAX_TOP_K is a memory hazard
+# (N x k scores) with no use in XMC evaluation.
+METRIC_MAX_K = 5
+MAX_TOP_K = 1000
+def check_top_k(top_k: int) -> None:
+    """The labels asked of `predict` per text: 1 to MAX_TOP_K."""
+    if not 1 <= top_k <= MAX_TOP_K:
+        raise XmcError(f"--top-k must be between 1 and {MAX_TOP_K}, got {top_k}")
+
+
+# (lowest, highest) allowed value of each numeric setting; None: unbounded. dropout and num_clusters have
+# their own checks in TrainConfig.validate.
+SETTING_RANGES: dict[str, tuple[float | None, float | None]] = {
+    "num_layers": (1, None), "max_length": (2, 8192),
+    "cluster_size": (0, None), "num_clusters": (0, None), "flat_below": (0, None), "auto_cluster_size": (2, None),
+    "top_clusters": (1, None), "hidden_size": (1, None),
+    "epochs": (1, None), "refit_epochs": (0, None), "head_warmup_epochs": (0, None),
+    "batch_size": (1, None), "eval_batch_size": (1, None),
+    "lr": (1e-9, 10.0), "head_lr": (0.0, 10.0), "weight_decay": (0.0, 10.0),
+    "swa_start_epoch": (0, None), "swa_every_steps": (1, None),
+    "checkpoint_every_steps": (0, None), "checkpoint_every_epochs": (0, None),
+    "validation_size": (0, None), "patience": (0, None), "max_train_docs": (0, None),
+    "threads": (0, 4096), "seed": (0, 2**32 - 1), "top_k": (METRIC_MAX_K, MAX_TOP_K),
+}
 
 
 TRAINABLE_PARTS = ("encoder", "ranker_encoder", "recaller", "ranker")
@@ -208,6 +252,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise XmcError(f"cannot read config file {path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise XmcError(f"config file {path} is not UTF-8 text (byte {error.start}); save it as UTF-8") from None
     try:
         values = json.loads(text) if str(path).endswith(".json") else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
@@ -228,4 +274,6 @@ def resolve_config(method: MethodSpec, dataset_name: str, config_file: Path | No
                              f"method {method.name!r} preset for {dataset_name!r}")
     if config_file is not None:
         config = apply_overrides(config, read_config_file(config_file), str(config_file))
-    return apply_overrides(config, parse_set_options(list(set_options)), "--set")
+    config = apply_overrides(config, parse_set_options(list(set_options)), "--set")
+    config.validate()
+    return config

@@ -84,7 +84,8 @@ class Dataset:
 
     Label ids: ``0 .. num_labels-1`` are the training vocabulary (sorted names); ids ``>= num_labels`` are labels
     seen only in the test set (sorted names), kept so that recall-style metrics count them as misses.
-    ``report`` holds only the policies that changed something; keys: ``crlf_lines``, ``non_utf8_lines``,
+    ``report`` holds only the policies that changed something; keys: ``crlf_lines``, ``lone_carriage_returns``,
+    ``non_utf8_lines``,
     ``utf8_bom_files``, ``empty_texts``, ``empty_train_label_lines``, ``empty_test_label_lines``,
     ``duplicate_label_lines``, ``unseen_test_labels`` (distinct test labels absent from train).
     """
@@ -261,7 +262,29 @@ def _decode_block(block: bytes, counts: dict[str, int], errors: str = "replace")
     if crlf:
         counts["crlf_lines"] = counts.get("crlf_lines", 0) + crlf
         text = text.replace("\r\n", "\n")
+    lone = text.count("\r")
+    if lone:
+        counts["lone_carriage_returns"] = counts.get("lone_carriage_returns", 0) + lone
     return text[:-1].split("\n")
+
+
+def lines_of_bytes(raw: bytes, name: str) -> list[str]:
+    """Lines of text given as bytes (e.g. stdin), read as files are: split on \\n only (\\r\\n too), bad
+    UTF-8 repaired, CR-only line ends refused (see _check_line_ends)."""
+    if not raw:
+        return []
+    counts: dict[str, int] = {}
+    lines = _decode_block(raw if raw.endswith(b"\n") else raw + b"\n", counts)
+    _check_line_ends(name, counts.get("lone_carriage_returns", 0), len(lines))
+    return lines
+
+
+def _check_line_ends(name: object, lone_cr: int, lines: int) -> None:
+    """A lone \\r is kept as a character, but more lone \\r than lines means the file ends its lines with
+    \\r alone (classic Mac OS): read as one line, its documents would silently merge."""
+    if lone_cr > lines:
+        raise XmcError(f"{name} ends its lines with a lone carriage return (\\r, classic Mac OS): {lone_cr} of them "
+                       f"in {lines} line(s); convert it to \\n line ends, e.g. tr '\\r' '\\n' < IN > OUT")
 
 
 def _read_lines(file: PathLike, counts: dict[str, int], digest=None, errors: str = "replace") -> list[str]:
@@ -270,6 +293,7 @@ def _read_lines(file: PathLike, counts: dict[str, int], digest=None, errors: str
     errors: the repair of non-UTF-8 bytes (see ``_decode_block``).
     """
     lines: list[str] = []
+    lone_cr_before = counts.get("lone_carriage_returns", 0)
     pending = bytearray()  # bytes after the last newline seen so far
     first = True
     try:
@@ -298,7 +322,16 @@ def _read_lines(file: PathLike, counts: dict[str, int], digest=None, errors: str
         raise XmcError(f"cannot read {file}: {err}; check the file, or re-download / decompress it by hand") from None
     if pending:  # last line without a trailing newline
         lines.extend(_decode_block(bytes(pending) + b"\n", counts, errors))
+    _check_line_ends(file, counts.get("lone_carriage_returns", 0) - lone_cr_before, len(lines))
     return lines
+
+
+def split_labels(line: str) -> list[str]:
+    """The labels of one line, separated by spaces and tabs only: other characters, Unicode spaces (NBSP,
+    U+2028) included, belong to a label's name instead of silently splitting it."""
+    if line.isascii() and line.isprintable():   # the common case, at str.split's speed
+        return line.split()
+    return [label for label in line.replace("\t", " ").split(" ") if label and label != "\r"]
 
 
 def read_texts(path: PathLike) -> list[str]:
@@ -313,7 +346,7 @@ def read_label_lines(path: PathLike) -> list[list[str]]:
     Undecodable bytes in a label name become ``\\xNN`` escapes, as in ``load_dataset``.
     """
     with _gc_paused():
-        return list(map(str.split, _read_lines(path, {}, errors="backslashreplace")))
+        return list(map(split_labels, _read_lines(path, {}, errors="backslashreplace")))
 
 
 def _label_matrix(rows: list[list[str]], vocab: dict[str, int], width: int) -> tuple[sp.csr_matrix, int]:
@@ -375,7 +408,7 @@ def _load(spec: DatasetSpec, folder: Traversable | Path) -> Dataset:
                 f"the files must be line-aligned (one document per line in both)"
             )
         _count(counts, "empty_texts", sum(1 for t in texts if not t or t.isspace()))
-        rows = list(map(str.split, label_lines))
+        rows = list(map(split_labels, label_lines))
         del label_lines
         _count(counts, f"empty_{split}_label_lines", sum(1 for r in rows if not r))
         split_data[split] = (texts, rows)

@@ -35,6 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
+from xmcbench.config import check_top_k
 from xmcbench.errors import XmcError
 from xmcbench.metrics import evaluate
 from xmcbench.modelio import load_model_dir
@@ -369,8 +370,7 @@ def evaluate_ensemble(directory: Path, dataset_name: str | None = None, data_dir
 def predict_texts(directory: Path, texts: list[str], top_k: int = 5, registry: Registry | None = None) -> list[dict]:
     """Top-k labels with ensemble scores for raw texts. Members contribute their top max(top_k, K) labels,
     K from ensemble.json, so for top_k <= K the result is the start of the ranking `evaluate` scores."""
-    if top_k < 1:
-        raise XmcError(f"--top-k must be at least 1, got {top_k}")
+    check_top_k(top_k)
     ensemble = read_ensemble(directory)
     registry = registry or build_registry()
     width = max(top_k, ensemble.top_k)

@@ -39,7 +39,8 @@ from xmcbench.storage import atomic_write, write_json
 
 SCHEMA_VERSION = 1
 ENCODER_FOLDER = "encoder"
-REQUIRED_KEYS = ("schema", "config", "num_labels", "num_clusters", "cluster_size", "encoder_params")
+REQUIRED_KEYS = ("schema", "config", "num_labels", "num_clusters", "cluster_size", "encoder_params", "files")
+SELF_CHECKSUM = "model_json_sha256"
 REDO = "re-run training or copy the model directory again"
 MAX_HEADER_BYTES = 100_000_000   # safetensors' own limit
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
@@ -143,7 +144,7 @@ def save_model_dir(directory: Path, model: XMCModel, config: TrainConfig, label_
         files += sorted(p.relative_to(directory).as_posix() for p in encoder_dir.rglob("*") if p.is_file())
     # model.json comes last: a directory whose save was interrupted has none (or an older one whose
     # checksums no longer match), so it is never taken for a complete model
-    write_json(directory / "model.json", {
+    write_json(directory / "model.json", signed_description({
         "schema": SCHEMA_VERSION,
         "xmcbench_version": xmcbench.__version__,
         "config": config.to_dict(),
@@ -153,7 +154,18 @@ def save_model_dir(directory: Path, model: XMCModel, config: TrainConfig, label_
         "encoder_params": encoder_params,
         "storage_dtype": config.storage_dtype,
         "files": {name: file_digest(directory / name) for name in files},
-    })
+    }))
+
+
+def description_digest(meta: dict) -> str:
+    """sha256 of model.json's contents without its own checksum (keys sorted, so formatting is free)."""
+    content = {key: value for key, value in meta.items() if key != SELF_CHECKSUM}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def signed_description(meta: dict) -> dict:
+    """model.json's contents with the checksum of themselves added, so an edit or damage is caught."""
+    return {**meta, SELF_CHECKSUM: description_digest(meta)}
 
 
 # -- loading ----------------------------------------------------------------------------------------
@@ -200,6 +212,13 @@ def _read_meta(directory: Path) -> dict:
         raise XmcError(f"{path} has model schema {schema} but this xmcbench ({xmcbench.__version__}) reads "
                        f"schema {SCHEMA_VERSION} at most: the model was written by a newer xmcbench{by}; "
                        "upgrade xmcbench (pip install -U xmcbench)")
+    recorded = meta.get(SELF_CHECKSUM)
+    if recorded is None:
+        raise XmcError(f"{path} has no checksum of its own ({SELF_CHECKSUM!r}): it was written by an older "
+                       f"xmcbench, or edited; {REDO}")
+    if recorded != description_digest(meta):
+        raise XmcError(f"{path} does not match its own checksum ({SELF_CHECKSUM!r}): it was edited or damaged "
+                       f"after saving; {REDO}")
     missing = [key for key in REQUIRED_KEYS if key not in meta]
     if missing:
         raise XmcError(f"{path} lacks {', '.join(repr(k) for k in missing)}: the model description is "
@@ -294,11 +313,8 @@ def _safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
 
 
 def _verify_files(directory: Path, meta: dict) -> None:
-    """Sizes and sha256 of the files model.json recorded at save time (directories saved before
-    checksums were recorded have no "files" entry and skip this)."""
-    files = meta.get("files")
-    if files is None:
-        return
+    """Sizes and sha256 of the files model.json recorded at save time."""
+    files = meta["files"]
     path = directory / "model.json"
     malformed = XmcError(f"{path}: its \"files\" checksums are malformed: the model description is damaged; {REDO}")
     if not isinstance(files, dict):
@@ -327,6 +343,17 @@ def _verify_files(directory: Path, meta: dict) -> None:
         if found != record["sha256"]:
             raise XmcError(f"{file} does not match the checksum (sha256) recorded in model.json: it was modified "
                            f"or damaged after saving, or comes from another model; {REDO}")
+
+
+def _check_encoder_params(path: Path, encoder_params: dict) -> None:
+    """A model folder reaches nothing outside itself: the encoder's model_name is its own encoder/ folder,
+    and no other exported string is a path."""
+    for key, value in encoder_params.items():
+        if not isinstance(value, str) or value == ENCODER_FOLDER:
+            continue
+        if key == "model_name" or "/" in value or "\\" in value or value.startswith("."):
+            raise XmcError(f"{path}: encoder_params.{key} is {value!r}, but a model folder may only refer to its "
+                           f"own {ENCODER_FOLDER}/ folder; {REDO}")
 
 
 def _check_components(registry: Registry, config: TrainConfig, flat: bool, path: Path) -> None:
@@ -391,6 +418,7 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
     weights = directory / "weights.safetensors"
     tensors = _safetensors_header(weights)
     encoder_params = dict(meta["encoder_params"])
+    _check_encoder_params(meta_path, encoder_params)
     if ENCODER_FOLDER in encoder_params.values() and not (directory / ENCODER_FOLDER).is_dir():
         raise XmcError(f"{directory / ENCODER_FOLDER} is missing: the encoder's config and tokenizer are not in "
                        f"the model directory; {REDO}")
@@ -411,6 +439,9 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
     if flat:
         clusters = LabelClusters.from_assignment(torch.arange(num_labels), num_labels)
     encoder_params = {k: (str(directory / v) if v == ENCODER_FOLDER else v) for k, v in encoder_params.items()}
+    # the encoder reads its config and tokenizer from this folder and nowhere else (no other local
+    # folder, no Hub download), and the machine it runs on is this one, not the one that trained it
+    config = dataclasses.replace(config, model_name=str(directory / ENCODER_FOLDER), device="auto", threads=0)
     # every weight comes from weights.safetensors: never let the encoder read a checkpoint of its own
     if "pretrained_weights" in encoder_params:
         encoder_params["pretrained_weights"] = False

@@ -16,10 +16,12 @@ Environment:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib.metadata
 import inspect
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
@@ -321,16 +323,19 @@ def build_registry(extra_plugins: list[tuple[str, Any]] = (), load_entry_points:
 
     def load(name: str, package: str, version: str, get_plugin: Callable[[], Any]) -> None:
         label = " ".join(part for part in (package, version) if part)
-        try:
-            plugin = get_plugin()
-        except Exception as error:  # a broken third-party plugin must not break unrelated commands
-            registry.failed.append(FailedPlugin(name, label, f"import failed: {one_line(error)}"))
-            return
-        try:
-            registry.register_plugin(plugin_manager, plugin, name, package, version)
-        except Exception as error:
-            message = " ".join(str(error).split()) if isinstance(error, XmcError) else one_line(error)
-            registry.failed.append(FailedPlugin(name, label, message))
+        # a plugin's prints go to stderr, never into a command's output (predict writes JSON to stdout)
+        with contextlib.redirect_stdout(sys.stderr):
+            try:
+                plugin = get_plugin()
+            # a broken third-party plugin must not break unrelated commands, not even by exiting
+            except (Exception, SystemExit, KeyboardInterrupt) as error:
+                registry.failed.append(FailedPlugin(name, label, f"import failed: {one_line(error)}"))
+                return
+            try:
+                registry.register_plugin(plugin_manager, plugin, name, package, version)
+            except (Exception, SystemExit, KeyboardInterrupt) as error:
+                message = " ".join(str(error).split()) if isinstance(error, XmcError) else one_line(error)
+                registry.failed.append(FailedPlugin(name, label, message))
 
     if load_entry_points:
         entry_points = _load_order(importlib.metadata.entry_points(group=hookspecs.PROJECT_NAME))

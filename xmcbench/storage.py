@@ -21,6 +21,14 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def umask_mode(folder: bool = False) -> int:
+    """The permissions a plain open()/mkdir() would give under the process's umask (mkstemp and mkdtemp
+    make private 0600/0700 files and folders, which another user sharing a model or cache cannot read)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return (0o777 if folder else 0o666) & ~mask
+
+
 def atomic_write(path: Path, write) -> None:
     """Call write(file_path) on a temporary file beside `path`, fsync it, then rename it over `path`,
     so a reader never sees a partly written file."""
@@ -32,6 +40,7 @@ def atomic_write(path: Path, write) -> None:
         write(Path(temporary))
         with open(temporary, "rb+") as file:
             os.fsync(file.fileno())
+        os.chmod(temporary, umask_mode())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

