@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from xmcbench import data
+from xmcbench.config import SETTING_RANGES
 from xmcbench.data import load_dataset_from_path
 from xmcbench.errors import XmcError
 from xmcbench.metrics import evaluate
@@ -277,6 +278,318 @@ def test_a_finished_run_directory(tmp_path, tiny_model_dir, tiny_dataset):
     assert (run_dir / "metrics.json").stat().st_mtime_ns > before[run_dir / "metrics.json"][0]
 
 
+# ---------------------------------------------------------------------------------------- runs, model folders, settings
+
+TINY_SETTINGS = ("pretrained_weights=false", "num_layers=2", "epochs=1", "max_length=32", "threads=1",
+                 "cluster_size=2", "top_clusters=2", "hidden_size=8")
+
+
+def run_args(tiny_model_dir: Path, dataset: Path, output: Path, *extra: str) -> list[str]:
+    args = ["run", "lightxml", "--dataset", str(dataset), "--output", str(output),
+            "--set", f"model_name={tiny_model_dir}"]
+    for setting in TINY_SETTINGS:
+        args += ["--set", setting]
+    return args + list(extra)
+
+
+def snapshot(folder: Path) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_model_dir, tmp_path_factory) -> Path:
+    """One finished tiny run (a model, metrics, predictions); tests copy it before changing anything."""
+    from xmcbench import runner
+    from xmcbench.registry import build_registry
+
+    base = tmp_path_factory.mktemp("finished")
+    dataset = data_folder = base / "tiny-topics"
+    from xmcbench.testing import write_tiny_dataset
+    write_tiny_dataset(data_folder)
+    registry = build_registry()
+    plan = runner.plan_run(registry, "lightxml", str(dataset),
+                           set_options=[f"model_name={tiny_model_dir}", *TINY_SETTINGS])
+    return runner.run(plan, base / "run", registry=registry, log=lambda line: None)
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path) -> Path:
+    import shutil
+    return Path(shutil.copytree(finished_run, tmp_path / "run"))
+
+
+def test_overwrite_of_a_folder_that_is_not_a_run(tmp_path, tiny_model_dir, tiny_dataset):
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "main.py").write_text("print('mine')\n")
+    (project / "config.json").write_text("{}\n")   # a config.json alone is no proof of a run
+    before = snapshot(project)
+    refused = xmcbench(*run_args(tiny_model_dir, tiny_dataset, project, "--overwrite"))
+    assert_one_line_error(refused, str(project), "holds no xmcbench run", "choose another --output",
+                          progress_lines=len(refused.stderr.splitlines()) - 1)
+    assert snapshot(project) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dataset, extra", [(None, ["--set", "device=cuda"]), ("debian-debtag", []),
+                                             (None, ["--set", "epochs=0"])])
+def test_overwrite_with_a_setting_that_fails_keeps_the_old_run(dataset, extra, run_copy, tiny_model_dir,
+                                                                tiny_dataset):
+    import torch
+    if "device=cuda" in extra and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: device=cuda is not a bad setting here")
+    before = snapshot(run_copy)
+    refused = xmcbench(*run_args(tiny_model_dir, dataset or tiny_dataset, run_copy, "--overwrite", *extra))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert snapshot(run_copy) == before
+
+
+@pytest.mark.slow
+def test_an_overwrite_that_fails_midway_keeps_the_old_run(run_copy, tiny_model_dir, tiny_dataset, monkeypatch):
+    from xmcbench import runner
+    from xmcbench.registry import build_registry
+    from xmcbench.rundir import staging_folder
+
+    before = snapshot(run_copy)
+
+    def fail(self):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runner.Trainer, "fit", fail)
+    registry = build_registry()
+    plan = runner.plan_run(registry, "lightxml", str(tiny_dataset),
+                           set_options=[f"model_name={tiny_model_dir}", *TINY_SETTINGS])
+    with pytest.raises(OSError):
+        runner.run(plan, run_copy, overwrite=True, registry=registry, log=lambda line: None)
+    assert snapshot(run_copy) == before               # the old run, untouched
+    assert (staging_folder(run_copy) / "config.json").exists()   # the new one waits beside it
+    monkeypatch.undo()
+    replaced = runner.run(plan, run_copy, overwrite=True, registry=registry, log=lambda line: None)
+    assert replaced == run_copy and (run_copy / "metrics.json").exists() and not staging_folder(run_copy).exists()
+    assert not list(run_copy.parent.glob(".*xmcbench-replaced"))
+
+
+def test_two_runs_given_the_same_output(tmp_path, tiny_model_dir, tiny_dataset):
+    from xmcbench.rundir import claim_output
+
+    output = tmp_path / "shared"
+    claimed = claim_output(output, overwrite=False, is_finished=lambda folder: False)  # a run in progress
+    try:
+        for extra in ([], ["--overwrite"]):
+            second = xmcbench(*run_args(tiny_model_dir, tiny_dataset, output, *extra))
+            assert_one_line_error(second, "another xmcbench process is writing", str(output),
+                                  progress_lines=len(second.stderr.splitlines()) - 1)
+        resumed = xmcbench("run", "--resume", str(output))
+        assert resumed.returncode == 2 and "Traceback" not in resumed.stderr
+    finally:
+        claimed.release()
+
+
+def _resign(model: Path, change) -> None:
+    """Edit model.json as an attacker would: consistently, with its own checksum recomputed."""
+    from xmcbench.modelio import signed_description
+    meta = json.loads((model / "model.json").read_text())
+    change(meta)
+    meta.pop("model_json_sha256", None)
+    (model / "model.json").write_text(json.dumps(signed_description(meta)))
+
+
+@pytest.mark.slow
+def test_a_model_folder_that_reaches_outside_itself(run_copy, tiny_model_dir):
+    from xmcbench.modelio import load_model_dir
+    from xmcbench.registry import build_registry
+
+    registry, model = build_registry(), run_copy / "model"
+    original = (model / "model.json").read_text()
+    for value in (str(tiny_model_dir), "bert-base-uncased", "../elsewhere"):
+        _resign(model, lambda meta: meta["encoder_params"].update(model_name=value))
+        with pytest.raises(XmcError, match="may only refer to its own encoder/ folder") as error:
+            load_model_dir(run_copy, registry)
+        one_line(error)
+        (model / "model.json").write_text(original)
+    _resign(model, lambda meta: meta.pop("files"))                         # checksums switched off
+    with pytest.raises(XmcError, match="'files'"):
+        load_model_dir(run_copy, registry)
+    (model / "model.json").write_text(original)
+    meta = json.loads(original)
+    meta["config"]["hidden_size"] = 9                                       # edited, not re-signed
+    (model / "model.json").write_text(json.dumps(meta))
+    with pytest.raises(XmcError, match="does not match its own checksum"):
+        load_model_dir(run_copy, registry)
+
+
+def test_a_checkpoint_pointer_outside_the_run(tmp_path):
+    from xmcbench.checkpoint import load_checkpoint
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    for name in (str(elsewhere), "../elsewhere", ".."):
+        (checkpoints / "latest.json").write_text(json.dumps({"directory": name, "step": 1}))
+        with pytest.raises(XmcError, match="not a checkpoint folder inside") as error:
+            load_checkpoint(checkpoints)
+        one_line(error)
+
+
+def test_cr_only_line_endings(tmp_path):
+    folder = write(tmp_path / "mac", {"train_texts.txt": "alpha beta\rgamma\rdelta epsilon\r",
+                                       "train_labels.txt": "a b\rb\rc\r"})
+    with pytest.raises(XmcError, match="lone carriage return") as error:
+        load_dataset_from_path(folder)
+    assert "train_texts.txt" in one_line(error)
+    kept = load_dataset_from_path(write(tmp_path / "inside", {"train_texts.txt": "alpha\rbeta\ngamma\ndelta\n"}))
+    assert kept.train_texts[0] == "alpha\rbeta" and kept.report["lone_carriage_returns"] == 1
+
+
+@pytest.mark.slow
+def test_predict_reads_lines_on_newline_only(finished_run):
+    texts = "alpha\x0cbeta\ngamma\x85delta\u2028epsilon\nzeta\r\n".encode()
+    found = subprocess.run([sys.executable, "-m", "xmcbench", "predict", str(finished_run)], input=texts,
+                           capture_output=True)
+    assert found.returncode == 0, found.stderr
+    assert len(found.stdout.decode().splitlines()) == 3
+    binary = subprocess.run([sys.executable, "-m", "xmcbench", "predict", str(finished_run)],
+                            input=bytes(range(256)) * 4, capture_output=True)
+    assert binary.returncode == 0 and b"Traceback" not in binary.stderr, binary.stderr
+    for top_k in ("0", "100000"):
+        refused = subprocess.run([sys.executable, "-m", "xmcbench", "predict", str(finished_run), "--top-k", top_k],
+                                 input=b"alpha\n", capture_output=True, text=False)
+        assert refused.returncode == 2 and b"--top-k must be between 1 and 1000" in refused.stderr
+
+
+def test_labels_are_separated_by_spaces_and_tabs_only(tmp_path):
+    folder = write(tmp_path / "unicode", {"train_labels.txt": "a\u00a0b\nb\tc\nc\u2028d\n"})
+    ds = load_dataset_from_path(folder)
+    assert {"a\u00a0b", "b", "c", "c\u2028d"} <= set(ds.label_names)
+    assert data.split_labels("x\u00a0y  z\tw") == ["x\u00a0y", "z", "w"]
+
+
+OUT_OF_RANGE = ["epochs=0", "epochs=-1", "validation_size=-10", "max_train_docs=-60", "top_clusters=0",
+                "hidden_size=0", "weight_decay=-5", "max_length=0", "max_length=100000", "batch_size=0", "lr=-1",
+                "lr=nan", "dropout=2", "threads=-3", "seed=-1", "eval_batch_size=0", "swa_every_steps=0",
+                "top_k=1", "num_clusters=6", "head_lr=inf", "patience=-1"]
+
+
+@pytest.mark.parametrize("setting", OUT_OF_RANGE)
+def test_settings_out_of_range(setting, tiny_dataset):
+    from xmcbench import runner
+    from xmcbench.registry import build_registry
+
+    with pytest.raises(XmcError, match=setting.split("=")[0]) as error:
+        runner.plan_run(build_registry(), "lightxml", str(tiny_dataset), set_options=[setting])
+    one_line(error)
+
+
+def test_settings_out_of_range_on_the_command_line(tmp_path, tiny_dataset):
+    refused = xmcbench("run", "lightxml", "--dataset", str(tiny_dataset), "--output", str(tmp_path / "run"),
+                       "--threads", "-3")
+    assert_one_line_error(refused, "threads=-3 is out of range")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_resumed_run_with_a_bad_or_damaged_config(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"method": "lightxml", "dataset": "x", "config": {"epochs": 0}}))
+    assert_one_line_error(xmcbench("run", "--resume", str(run_dir)), "epochs=0 is out of range")
+    (run_dir / "config.json").write_text('{"method": "lightxml", "data')
+    assert_one_line_error(xmcbench("run", "--resume", str(run_dir)), "config.json is damaged")
+
+
+def test_dataset_names_that_clash_or_differ_in_case(tmp_path, tiny_dataset):
+    import shutil
+    from xmcbench import runner
+    from xmcbench.registry import build_registry
+
+    registry = build_registry()
+    named_like_a_preset = Path(shutil.copytree(tiny_dataset, tmp_path / "Wiki-500K"))
+    plan = runner.plan_run(registry, "lightxml", str(named_like_a_preset))
+    assert plan.preset == "wiki500k" and plan.config.num_clusters == 8192
+    (tmp_path / "debian-debtags-mini").mkdir()
+    refused = xmcbench("config", "lightxml", "--dataset", "debian-debtags-mini", cwd=tmp_path)
+    assert_one_line_error(refused, "both a registered dataset and a folder", "./debian-debtags-mini")
+
+
+def test_plugins_that_exit_raise_or_print_at_import(tmp_path, monkeypatch, capsys):
+    import importlib.metadata
+    from xmcbench.registry import build_registry
+
+    bodies = {"exits": "import sys\nsys.exit(0)\n", "interrupts": "raise KeyboardInterrupt\n",
+              "prints": "print('hello from a plugin')\n"}
+    for name, body in bodies.items():
+        (tmp_path / f"plugin_that_{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    points = [importlib.metadata.EntryPoint(name, f"plugin_that_{name}", "xmcbench") for name in bodies]
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda **kw: points + list(real(**kw)) if kw.get("group") == "xmcbench" else real(**kw))
+    registry = build_registry()
+    failed = {f.name: f.error for f in registry.failed}
+    assert "SystemExit" in failed["exits"] and "KeyboardInterrupt" in failed["interrupts"]
+    assert "lightxml" in registry.methods
+    captured = capsys.readouterr()
+    assert captured.out == "" and "hello from a plugin" in captured.err
+
+
+def test_os_errors_end_in_one_line(tmp_path, tiny_dataset, monkeypatch, capsys):
+    from xmcbench import cli, runner
+
+    config_file = tmp_path / "bad.toml"
+    config_file.write_bytes(b"epochs = 2\n# caf\xe9\n")
+    assert_one_line_error(xmcbench("config", "lightxml", "--config", str(config_file)), "not UTF-8")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine\n")
+    refused = xmcbench("run", "lightxml", "--dataset", str(tiny_dataset), "--output", str(a_file),
+                       "--set", "epochs=1")
+    assert_one_line_error(refused, "is a file", progress_lines=len(refused.stderr.splitlines()) - 1)
+    assert a_file.read_text() == "mine\n"
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(tmp_path / "run" / "metrics.json"))
+
+    monkeypatch.setattr(runner, "run", disk_full)
+    monkeypatch.setattr(sys, "argv", ["xmcbench", "run", "lightxml", "--dataset", str(tiny_dataset)])
+    with pytest.raises(SystemExit) as exit_status:
+        cli.main()
+    assert exit_status.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "No space left on device" in error and "metrics.json" in error
+
+
+def test_a_huge_line_is_cut_before_tokenizing(tiny_model_dir):
+    from xmcbench.tokenization import MAX_CHARACTERS_PER_TOKEN, load_tokenizer, tokenize
+
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    seen = []
+    real_call = type(tokenizer).__call__
+
+    def spy(self, texts, *args, **kwargs):
+        seen.extend(len(text) for text in texts)
+        return real_call(self, texts, *args, **kwargs)
+
+    huge = "word " * 2_000_000                                  # 10 MB
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(tokenizer), "__call__", spy)
+        tokens = tokenize([huge, "short"], tokenizer, 16, texts_key=None)
+    assert max(seen) <= 16 * MAX_CHARACTERS_PER_TOKEN and tokens.lengths.tolist()[0] == 16
+
+
+@pytest.mark.slow
+def test_a_model_trained_elsewhere_loads_here_and_can_be_shared(run_copy):
+    import os
+    import stat
+    from xmcbench.runner import predict_texts
+
+    _resign(run_copy / "model", lambda meta: meta["config"].update(device="cuda:3", threads=64))
+    assert len(predict_texts(run_copy, ["alpha beta"], top_k=2)) == 1   # runs here, on this machine's device
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for path in (run_copy / "model" / "weights.safetensors", run_copy / "metrics.json"):
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode & 0o044 == 0o644 & ~mask & 0o044, (path, oct(mode))
+
+
 # ---------------------------------------------------------------------------------------- the table itself
 
 
@@ -294,9 +607,9 @@ def test_every_row_of_the_table_has_its_test():
 # Texts: any character but the line end itself. U+FEFF at the very start of a file is a byte-order mark (see
 # test_non_utf8_bytes), and surrogates cannot be written as UTF-8.
 TEXT_CHARS = st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r\ufeff")
-# Label names: anything str.split does not split on (it splits on exactly the characters str.isspace accepts).
-LABEL_CHARS = st.characters(blacklist_categories=("Cs",), blacklist_characters="\ufeff").filter(
-    lambda c: not c.isspace())
+# Label names: anything but the separators (space, tab) and line ends; Unicode spaces (NBSP, U+2028, form
+# feed) belong to the name.
+LABEL_CHARS = st.characters(blacklist_categories=("Cs",), blacklist_characters=" \t\n\r\ufeff")
 LABEL = st.text(LABEL_CHARS, min_size=1, max_size=4) | st.sampled_from(["a", "b", "c", "lang:c", "x11:gui"])
 DOCS = st.lists(st.tuples(st.text(TEXT_CHARS, max_size=12), st.lists(LABEL, max_size=4)), min_size=1, max_size=6)
 LAYOUT = st.fixed_dictionaries({"crlf": st.booleans(), "gz": st.booleans(), "final_newline": st.booleans()})
@@ -368,15 +681,26 @@ def test_reader_is_independent_of_the_block_size(content, block, gz):
         path = Path(tmp) / ("f.txt.gz" if gz else "f.txt")
         path.write_bytes(gzip.compress(content) if gz else content)
         whole: dict[str, int] = {}
-        expected = data._read_lines(path, whole)
+        try:
+            expected = data._read_lines(path, whole)
+        except XmcError as refusal:   # more lone \r than lines: refused, whatever the blocks
+            assert "lone carriage return" in str(refusal)
+            expected = refusal
         original = data._BLOCK_BYTES
         data._BLOCK_BYTES = block
         try:
             cut: dict[str, int] = {}
+            if isinstance(expected, XmcError):
+                with pytest.raises(XmcError, match="lone carriage return"):
+                    data._read_lines(path, cut)
+                return
             assert data._read_lines(path, cut) == expected
         finally:
             data._BLOCK_BYTES = original
     assert cut == whole
+    ended = content.removeprefix(b"\xef\xbb\xbf")
+    ended += b"" if not ended or ended.endswith(b"\n") else b"\n"   # as the reader ends the last line
+    assert whole.get("lone_carriage_returns", 0) == ended.replace(b"\r\n", b"").count(b"\r") <= len(expected)
     body = content.removeprefix(b"\xef\xbb\xbf")
     assert len(expected) == body.count(b"\n") + (0 if not body or body.endswith(b"\n") else 1)  # no line lost
     assert whole.get("utf8_bom_files", 0) == int(content.startswith(b"\xef\xbb\xbf"))
@@ -432,3 +756,51 @@ def test_unseen_test_labels_are_misses(problem):
             assert with_unseen[key] == pytest.approx(without[key])
         else:  # never higher, whatever was predicted
             assert with_unseen[key] <= without[key] + 1e-9
+
+
+# ------------------------------------------------------------------------------ property tests: settings, stdin
+
+NUMBERS = st.integers(-10**12, 10**12) | st.floats(allow_nan=True, allow_infinity=True) | \
+    st.sampled_from([0, 1, -1, 5, 1000, 1001, 2**32, 0.5, 1.0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.dictionaries(st.sampled_from(sorted(SETTING_RANGES) + ["dropout"]), NUMBERS, max_size=4))
+def test_the_settings_validator_accepts_exactly_the_ranges(values):
+    """Any numbers for any settings: either every value is within its documented range and the settings pass,
+    or one XmcError line names an offending setting. Never another exception."""
+    import math
+    from xmcbench.config import TrainConfig, apply_overrides
+
+    try:
+        config = apply_overrides(TrainConfig(), {k: str(v) for k, v in values.items()}, "--set")
+    except XmcError:   # a float for an int setting: refused by type, before ranges
+        return
+    try:
+        config.validate()
+    except XmcError as error:
+        assert "\n" not in str(error) and any(f"{key}=" in str(error) for key in values), str(error)
+        return
+    for key in values:
+        value = getattr(config, key)
+        if key == "dropout":
+            assert 0 <= value < 1
+            continue
+        low, high = SETTING_RANGES[key]
+        assert not (isinstance(value, float) and not math.isfinite(value))
+        assert (low is None or value >= low) and (high is None or value <= high)
+
+
+@settings(max_examples=200, deadline=None)
+@given(raw=st.binary(max_size=80) | st.lists(st.sampled_from(
+    [b"\n", b"\r\n", b"\r", b"\x0c", b"\x0b", b"\x1c", b"\xc2\x85", b"\xe2\x80\xa8", b"\xff", b"ab", b" "]),
+    max_size=20).map(b"".join))
+def test_stdin_is_split_on_newlines_only(raw):
+    """predict's stdin: one text per \\n (a \\r\\n counts once), whatever else the bytes hold; CR-only input refused."""
+    try:
+        lines = data.lines_of_bytes(raw, "stdin")
+    except XmcError as error:
+        assert "lone carriage return" in str(error)
+        return
+    expected = raw.count(b"\n") + (1 if raw and not raw.endswith(b"\n") else 0)
+    assert len(lines) == expected and all("\n" not in line for line in lines)
