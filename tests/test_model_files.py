@@ -19,7 +19,8 @@ from safetensors.torch import load_file, save_file
 
 from xmcbench import runner
 from xmcbench.errors import XmcError
-from xmcbench.modelio import REDO, SCHEMA_VERSION, file_digest, load_model_dir, model_size, save_model_dir
+from xmcbench.modelio import REDO, SCHEMA_VERSION, SELF_CHECKSUM, file_digest, load_model_dir, model_size, \
+    save_model_dir, signed_description
 from xmcbench.registry import build_registry
 from xmcbench.testing import write_tiny_dataset
 
@@ -55,10 +56,16 @@ def run_copy(trained_run, tmp_path) -> Path:
 # -- corruptions (each takes the model/ folder) ------------------------------------------------------
 
 def edit_json(path: Path, change) -> None:
-    """Rewrite a JSON file with change(value): its result, or the value it changed in place (None)."""
+    """Rewrite a JSON file with change(value): its result, or the value it changed in place (None). An edited
+    model.json gets its own checksum recomputed, as a consistent (or hostile) edit would: each case then
+    reaches the check it is about (test_an_edited_model_json_is_refused covers unsigned edits)."""
     value = json.loads(path.read_text())
     result = change(value)
-    path.write_text(json.dumps(value if result is None else result, indent=2))
+    value = value if result is None else result
+    if path.name == "model.json" and isinstance(value, dict):
+        value.pop(SELF_CHECKSUM, None)
+        value = signed_description(value)
+    path.write_text(json.dumps(value, indent=2))
 
 
 def without(key):
@@ -66,7 +73,7 @@ def without(key):
 
 
 def drop_checksums(model: Path) -> None:
-    """What a directory saved before checksums were recorded looks like."""
+    """What a directory saved before checksums were recorded looks like (or one whose checks were removed)."""
     edit_json(model / "model.json", without("files"))
 
 
@@ -151,20 +158,16 @@ def remove_encoder(model):
     shutil.rmtree(model / "encoder")
 
 
-def remove_encoder_file(name, checksums=True):
+def remove_encoder_file(name):
     def corrupt(model):
         (model / "encoder" / name).unlink()
-        if not checksums:
-            drop_checksums(model)
     return corrupt
 
 
-def damage_tokenizer(checksums):
-    def corrupt(model):
-        (model / "encoder" / "tokenizer.json").write_text('{"version": "1.0", "truncat')
-        if not checksums:
-            drop_checksums(model)
-    return corrupt
+def damage_tokenizer_consistently(model):
+    """A damaged tokenizer.json whose checksum was recorded as it is: the tokenizer itself must refuse it."""
+    (model / "encoder" / "tokenizer.json").write_text('{"version": "1.0", "truncat')
+    refresh_checksums(model)
 
 
 def retouch_tokenizer(model):
@@ -181,12 +184,13 @@ CORRUPTIONS = {
     "weights-garbage": (garbage_weights, ["weights.safetensors", "not a safetensors file"], True),
     "weights-missing": (remove_weights, ["weights.safetensors", "missing"], True),
     "weights-tampered": (flip_weight_byte, ["weights.safetensors", "checksum"], True),
-    "weights-other-shape-old-format": (resize_tensor("ranker.label_embedding.weight", 3, drop_checksums),
-                                       ["weights.safetensors", "does not match", "ranker.label_embedding.weight",
-                                        "[11, 8]", "[8, 8]"], True),
     "weights-other-shape-consistent-checksums": (resize_tensor("recaller.linear.weight", 1, refresh_checksums),
                                                  ["weights.safetensors", "does not match", "recaller.linear.weight"],
                                                  True),
+    "weights-other-shape-of-the-ranker": (resize_tensor("ranker.label_embedding.weight", 3, refresh_checksums),
+                                          ["weights.safetensors", "does not match", "ranker.label_embedding.weight",
+                                           "[11, 8]", "[8, 8]"], True),
+    "checksums-removed": (drop_checksums, ["model.json", "'files'"], True),
     "weights-other-model": (resize_tensor("recaller.linear.bias", 2, lambda model: None),
                             ["weights.safetensors", "model.json recorded", "another model"], True),
     "labels-count": (drop_last_label, ["labels.json", "7 labels", "8", "does not match"], True),
@@ -205,13 +209,9 @@ CORRUPTIONS = {
                        ["ranker 'fancy-ranker'", "install the plugin"], False),
     "encoder-folder-missing": (remove_encoder, ["encoder", "missing"], True),
     "tokenizer-missing": (remove_encoder_file("tokenizer.json"), ["encoder/tokenizer.json", "missing"], True),
-    "tokenizer-missing-old-format": (remove_encoder_file("tokenizer.json", checksums=False),
-                                     ["encoder", "no tokenizer vocabulary"], True),
-    "tokenizer-damaged-old-format": (damage_tokenizer(checksums=False), ["encoder", "damaged"], True),
+    "tokenizer-damaged-consistent-checksums": (damage_tokenizer_consistently, ["encoder", "damaged"], True),
     "tokenizer-tampered": (retouch_tokenizer, ["encoder/tokenizer.json", "checksum"], True),
     "encoder-config-missing": (remove_encoder_file("config.json"), ["encoder/config.json", "missing"], True),
-    "encoder-config-missing-old-format": (remove_encoder_file("config.json", checksums=False),
-                                          ["encoder/config.json", "missing"], True),
 }
 
 
@@ -240,10 +240,17 @@ def test_an_intact_copy_loads_and_records_checksums(run_copy, registry):
 
 
 @slow
-def test_a_directory_saved_without_checksums_still_loads(run_copy, registry):
-    drop_checksums(run_copy / "model")
-    _, _, labels = load_model_dir(run_copy / "model", registry)
-    assert len(labels) == 8
+def test_an_edited_model_json_is_refused(run_copy, registry):
+    path = run_copy / "model" / "model.json"
+    meta = json.loads(path.read_text())
+    meta["config"]["hidden_size"] = 9   # by hand: the checksum of model.json itself no longer matches
+    path.write_text(json.dumps(meta))
+    with pytest.raises(XmcError, match="does not match its own checksum"):
+        load_model_dir(run_copy, registry)
+    del meta[SELF_CHECKSUM]
+    path.write_text(json.dumps(meta))
+    with pytest.raises(XmcError, match="has no checksum of its own"):
+        load_model_dir(run_copy, registry)
 
 
 @slow
@@ -372,8 +379,6 @@ HALF_CORRUPTIONS = {
     "weights-tampered": CORRUPTIONS["weights-tampered"],
     "weights-other-shape-consistent-checksums": CORRUPTIONS["weights-other-shape-consistent-checksums"],
     "weights-other-model": CORRUPTIONS["weights-other-model"],
-    "weights-truncated-old-format": (lambda model: (drop_checksums(model), truncate_weights(model)),
-                                     ["weights.safetensors", "truncated"], True),
     "dtype-other-than-recorded": (half_stored_as_float32, ["weights.safetensors", "does not match model.json",
                                                            "storage_dtype float32", "F32"], True),
     "one-tensor-in-float32": (one_tensor_in_float32, ["weights.safetensors", "'recaller.linear.bias'",
