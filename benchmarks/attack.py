@@ -49,8 +49,10 @@ class Attack:
         self.finished = self.train(work / "finished", "keep_checkpoint=true")
 
     def xmcbench(self, *args: str, stdin: bytes = b"", env: dict | None = None, cwd: Path | None = None):
+        # run from the work folder: `python -m` puts the current folder first on the path, which would pick
+        # a checkout's xmcbench/ over --code's
         return subprocess.run([sys.executable, "-m", "xmcbench", *args], input=stdin, capture_output=True,
-                              env=env or self.env, cwd=cwd)
+                              env=env or self.env, cwd=cwd or self.work)
 
     def run_args(self, output: Path, *settings: str, dataset: str | None = None) -> list[str]:
         args = ["run", "lightxml", "--dataset", dataset or str(self.dataset), "--output", str(output),
@@ -123,7 +125,7 @@ def cases(attack: Attack):
         old = attack.copy("killed")
         before = snapshot(old)
         process = subprocess.Popen([sys.executable, "-m", "xmcbench", *attack.run_args(old, "epochs=50"),
-                                    "--overwrite"], env=attack.env, stdout=subprocess.DEVNULL,
+                                    "--overwrite"], env=attack.env, cwd=work, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
         time.sleep(25)
         process.kill()
@@ -133,7 +135,7 @@ def cases(attack: Attack):
     def two_at_once():
         output = work / "twice"
         processes = [subprocess.Popen([sys.executable, "-m", "xmcbench", *attack.run_args(output, f"seed={seed}")],
-                                      env=attack.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                      env=attack.env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                      for seed in (1, 2)]
         codes = [p.wait() for p in processes]
         return "data-loss" if codes == [0, 0] else "clear" if sorted(codes) == [0, 2] else "traceback"
@@ -208,7 +210,8 @@ def cases(attack: Attack):
         path.write_text(path.read_text().replace(" ", "\u00a0", 1))
         probe = ("from xmcbench.data import load_dataset_from_path as l; import sys; "
                  f"d = l(sys.argv[1]); print(any('\\u00a0' in n for n in d.label_names))")
-        result = subprocess.run([sys.executable, "-c", probe, str(folder)], capture_output=True, env=attack.env)
+        result = subprocess.run([sys.executable, "-c", probe, str(folder)], capture_output=True, env=attack.env,
+                                cwd=work)
         return "ok" if result.stdout.strip() == b"True" else "silent"
 
     def bad_setting(setting):
@@ -304,7 +307,7 @@ def cases(attack: Attack):
         config["config"]["epochs"] = 8
         (run / "config.json").write_text(json.dumps(config))
         first = subprocess.Popen([sys.executable, "-m", "xmcbench", "run", "--resume", str(run)], env=attack.env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                 cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(8)
         second = attack.xmcbench("run", "--resume", str(run))
         first.kill()
