@@ -127,7 +127,13 @@ def cases(attack: Attack):
         process = subprocess.Popen([sys.executable, "-m", "xmcbench", *attack.run_args(old, "epochs=50"),
                                     "--overwrite"], env=attack.env, cwd=work, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
-        time.sleep(25)
+        staging = old.with_name(f".{old.name}.xmcbench-replacement")
+        deadline = time.time() + 900
+        while time.time() < deadline and process.poll() is None:   # until the new run has begun writing
+            if not (old / "metrics.json").exists() or (staging / "config.json").exists():
+                break
+            time.sleep(0.2)
+        time.sleep(3)
         process.kill()
         process.wait()
         return "data-loss" if snapshot(old) != before else "ok"
@@ -307,8 +313,10 @@ def cases(attack: Attack):
         config["config"]["epochs"] = 8
         (run / "config.json").write_text(json.dumps(config))
         first = subprocess.Popen([sys.executable, "-m", "xmcbench", "run", "--resume", str(run)], env=attack.env,
-                                 cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(8)
+                                 cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for line in first.stderr:   # until the first one has taken the run and is training
+            if line.startswith("resuming"):
+                break
         second = attack.xmcbench("run", "--resume", str(run))
         first.kill()
         first.wait()
