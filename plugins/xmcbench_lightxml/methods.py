@@ -35,7 +35,7 @@ PAPER_PRESETS = {
                    "num_clusters": 8192, "top_clusters": 75, "swa_start_epoch": 4, "swa_every_steps": 3000, "validation_size": 4000},
 }
 
-# The embedded default must train in about ten minutes on a 2-core CPU, so its preset fixes three epochs
+# The embedded default must train in minutes on a 2-core CPU (about twelve), so its preset fixes three epochs
 # and no validation split; the rest follows the dataset-aware rule (xmcbench/defaults.py): heads at 1e-2
 # while the pretrained encoder keeps the paper's 1e-4, and four SWA snapshots an epoch from the second.
 # The full Debian datasets have no preset: the rule alone decides. Their former presets kept the heads
