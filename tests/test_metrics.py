@@ -214,10 +214,50 @@ def test_evaluate_errors():
         evaluate(PREDICTED, TRUTH, ks=(1,), recalled_truth=csr([[0]], 6))
 
 
+# Training documents per label of the hand example: label 0 seen once, 1 five times, 2 twice, 3 400 times,
+# 4 2,000 times, 5 never (the unseen test label).
+LABEL_COUNTS = np.array([1, 5, 2, 400, 2000, 0])
+
+
+def test_frequency_bins_hand_example():
+    bins = evaluate(PREDICTED, TRUTH, ks=(1, 3), inv_propensity=INV_PROP, label_counts=LABEL_COUNTS)["frequency_bins"]
+    assert bins["k"] == 3
+    by_name = {b["bin"]: b for b in bins["bins"]}
+    assert list(by_name) == ["0", "1", "2-3", "4-10", "11-30", "31-100", "101-300", "301-1000", ">1000"]
+    assert (by_name["2-3"]["min_count"], by_name["2-3"]["max_count"]) == (2, 3)
+    assert (by_name[">1000"]["min_count"], by_name[">1000"]["max_count"]) == (1001, None)
+    # P@3 contributions: 3 hits in all (doc0: label 2 in "2-3", label 0 in "1"; doc1: label 1 in "4-10"),
+    # each 1 / (k N) = 1 / 9 of P@3
+    assert by_name["1"]["P@3_contribution"] == pytest.approx(100 / 9)
+    assert by_name["2-3"]["P@3_contribution"] == pytest.approx(100 / 9)
+    assert by_name["4-10"]["P@3_contribution"] == pytest.approx(100 / 9)
+    # PSP@3 contributions: hits weigh w2 = 3, w0 = 1, w1 = 2 over the ideal 12 (see test_psp_hand_example)
+    assert by_name["2-3"]["PSP@3_contribution"] == pytest.approx(100 * 3 / 12)
+    assert by_name["1"]["PSP@3_contribution"] == pytest.approx(100 * 1 / 12)
+    assert by_name["4-10"]["PSP@3_contribution"] == pytest.approx(100 * 2 / 12)
+    for name in ("0", "11-30", "31-100", "101-300", "301-1000", ">1000"):
+        assert by_name[name]["P@3_contribution"] == 0.0 and by_name[name]["PSP@3_contribution"] == 0.0
+    # one label of six in each of "0", "1", "2-3", "4-10", "301-1000", ">1000"
+    assert [b["labels"] for b in bins["bins"]] == [1, 1, 1, 1, 0, 0, 0, 1, 1]
+    assert by_name["301-1000"]["label_share"] == pytest.approx(100 / 6) and by_name["31-100"]["label_share"] == 0.0
+    # the 4 test positives (labels 0, 2, 1, 5): one each in "1", "2-3", "4-10" and "0" (never seen in training)
+    assert [b["test_positive_share"] for b in bins["bins"]] == pytest.approx([25, 25, 25, 25, 0, 0, 0, 0, 0])
+    # no propensities: no PSP contributions
+    plain = evaluate(PREDICTED, TRUTH, ks=(1, 3), label_counts=LABEL_COUNTS)["frequency_bins"]["bins"]
+    assert "PSP@3_contribution" not in plain[0] and plain[1]["P@3_contribution"] == pytest.approx(100 / 9)
+    assert "frequency_bins" not in evaluate(PREDICTED, TRUTH, ks=(1, 3))
+    with pytest.raises(XmcError, match=r"label_counts has shape \(5,\)"):
+        evaluate(PREDICTED, TRUTH, ks=(1,), label_counts=LABEL_COUNTS[:5])
+    with pytest.raises(XmcError, match="non-negative"):
+        evaluate(PREDICTED, TRUTH, ks=(1,), label_counts=LABEL_COUNTS - 1)
+
+
 def test_format_metrics():
     m = {"R@1": 1.0, "coverage": 99.5, "P@3": 55.1, "nDCG@3": 60.0, "P@1": 82.314, "P@10": 20.0, "PSP@1": 7.0}
     assert format_metrics(m) == "P@1 82.31  P@3 55.10  P@10 20.00  nDCG@3 60.00  PSP@1 7.00  R@1 1.00  coverage 99.50"
     assert format_metrics({}) == ""
+    # what is not a number (the frequency bins, names) stays out of the line
+    assert format_metrics({"P@1": 50.0, "frequency_bins": {"k": 5, "bins": []}, "dataset": "x"}) == "P@1 50.00"
 
 
 # ---------------------------------------------------------------- property tests against brute force
@@ -300,3 +340,19 @@ def test_evaluate_invariant_to_label_renaming(problem, rnd):
     a = evaluate(predicted, csr([sorted(s) for s in truth_sets], num_labels), ks=ks, inv_propensity=inv)
     b = evaluate(renamed_pred, renamed_truth, ks=ks, inv_propensity=renamed_inv)
     assert a == pytest.approx(b, abs=1e-9)
+
+
+@settings(max_examples=50, deadline=None)
+@given(problems(), st.lists(st.integers(0, 3000), min_size=8, max_size=8))
+def test_frequency_bin_contributions_sum_to_p_and_psp(problem, counts):
+    num_labels, ks, truth_sets, predicted, inv, _ = problem
+    truth = csr([sorted(s) for s in truth_sets], num_labels)
+    m = evaluate(predicted, truth, ks=ks, inv_propensity=inv, label_counts=np.array(counts[:num_labels]))
+    k, bins = m["frequency_bins"]["k"], m["frequency_bins"]["bins"]
+    assert k == max(ks)
+    assert sum(b[f"P@{k}_contribution"] for b in bins) == pytest.approx(m[f"P@{k}"], abs=1e-9)
+    assert sum(b[f"PSP@{k}_contribution"] for b in bins) == pytest.approx(m[f"PSP@{k}"], abs=1e-9)
+    assert sum(b["labels"] for b in bins) == num_labels
+    assert sum(b["label_share"] for b in bins) == pytest.approx(100.0)
+    if truth.nnz:
+        assert sum(b["test_positive_share"] for b in bins) == pytest.approx(100.0)
