@@ -173,20 +173,28 @@ def training_stages(method_stages: tuple[Stage, ...], config: "TrainConfig") -> 
 @dataclass(frozen=True)
 class MethodSpec:
     """A named recipe: one component per kind plus default hyperparameters, per-dataset presets, and
-    the training stages (one joint stage unless the method says otherwise; the pipeline runs them)."""
+    the training stages (one joint stage unless the method says otherwise; the pipeline runs them).
+
+    whole_method: instead of components, a subclass of `xmcbench.interfaces.WholeMethod` that fits, saves,
+    loads and predicts on its own (a linear XMC method); `defaults` and `presets` still resolve its
+    settings, the component names and `stages` are then unused."""
 
     name: str
     description: str
     defaults: dict[str, Any] = field(default_factory=dict)
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)
     stages: tuple[Stage, ...] = JOINT_TRAINING
+    whole_method: type | None = None
 
 
 def _field_types() -> dict[str, Any]:
     return typing.get_type_hints(TrainConfig)
 
 
-def _coerce(key: str, value: Any, expected, source: str) -> Any:
+def coerce_setting(key: str, value: Any, expected, source: str) -> Any:
+    """`value` (as written in a config file or given to --set, e.g. the string "5") as type `expected` (bool,
+    int, float or str; any other type passes it through); a value that is not one ends in one XmcError line
+    naming `source` and `key`. Plugins parse their own options with it."""
     if expected is bool:
         if isinstance(value, bool):
             return value
@@ -231,7 +239,7 @@ def apply_overrides(config: TrainConfig, overrides: dict[str, Any], source: str)
                 raise XmcError(f"{source}: options must be a table of key = value")
             values["options"] = {**values["options"], **value}
             continue
-        values[key] = _coerce(key, value, types[key], source)
+        values[key] = coerce_setting(key, value, types[key], source)
     return TrainConfig(**values)
 
 

@@ -37,7 +37,9 @@ def xmcbench_register_methods(registry):
     """Register methods: named recipes of one component per kind plus default hyperparameters.
 
     Call `registry.add_method(MethodSpec(...))`; see `xmcbench.config.MethodSpec` (component names and
-    settings in `defaults`, per-dataset `presets`, optional training `stages`).
+    settings in `defaults`, per-dataset `presets`, optional training `stages`). A method not built from
+    components (a linear XMC method) names its `xmcbench.interfaces.WholeMethod` subclass in
+    `MethodSpec(..., whole_method=TheClass)` instead; `xmcbench.testing.check_whole_method` checks it.
     """
 
 

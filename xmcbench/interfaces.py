@@ -1,8 +1,12 @@
-"""The four component contracts. Shapes: B documents, T tokens, D representation size, K clusters,
-L labels, P positives per document (padded), C candidate labels per document (padded).
+"""The four component contracts, and the whole-method contract. Shapes: B documents, T tokens, D
+representation size, K clusters, L labels, P positives per document (padded), C candidate labels per
+document (padded), N texts, k labels kept per text.
 
 Components are `torch.nn.Module`s. They never move themselves to a device or choose a precision: the
 pipeline does (`model.to(device)`, autocast), so every buffer a component needs must be registered.
+
+A whole method (`WholeMethod`) is not built from components: a classic linear XMC method fits, saves,
+loads and predicts on its own, and the runner only hands it texts and labels.
 """
 
 from __future__ import annotations
@@ -12,11 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
+import scipy.sparse as sp
 import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from xmcbench.config import Stage
+    from xmcbench.config import Stage, TrainConfig
 
 
 @dataclass
@@ -151,3 +157,53 @@ class Ranker(nn.Module, ABC):
     @abstractmethod
     def forward(self, representation: torch.Tensor, candidate_labels: torch.Tensor) -> torch.Tensor:
         """(B, D), (B, C) long -> (B, C) logits."""
+
+
+class WholeMethod(ABC):
+    """A method that fits, saves, loads and predicts on its own (e.g. TF-IDF + a linear label tree).
+
+    A plugin registers the subclass itself as `MethodSpec(name, description, whole_method=TheClass)`. The
+    runner gives it the run's training rows (the validation split held out exactly as for a component
+    method), times `fit`, predicts the test and validation texts, scores them with the same code, and saves
+    the model in `model/method/` of the run directory; `xmcbench predict`, `evaluate` and `ensemble` call
+    `load` and `predict`. `xmcbench.testing.check_whole_method` checks this contract.
+
+    Rules: settings come from the run's `TrainConfig` (your own as `config.options`); `fit` is seeded by
+    `config.seed` and uses `config.threads` CPU threads (0: every core available); what `save` writes is
+    free of pickle (JSON, numpy/scipy `.npz` without object arrays, safetensors, or a backend's own
+    non-pickle format) and refers to nothing outside its folder; mistakes a user can make (a missing
+    backend, an option out of range) raise `xmcbench.errors.XmcError` with one line.
+    """
+
+    #: distributions (pip names) whose versions a run records in environment.json, e.g. ("napkinxc",)
+    packages: tuple[str, ...] = ()
+    #: False when the backend cannot be seeded, so that the same seed need not give the same model (a run
+    #: records it in config.json, and the conformance suite then skips its determinism check)
+    deterministic: bool = True
+
+    @classmethod
+    def check(cls, config: "TrainConfig", num_labels: int) -> None:
+        """Refuse a run that cannot work, in one XmcError line (a backend not installed, an option out of
+        range, too many labels), before the run folder is touched. Default: accept."""
+
+    @classmethod
+    @abstractmethod
+    def fit(cls, train_texts: list[str], train_labels: sp.csr_matrix, num_labels: int, config: "TrainConfig",
+            log: Callable[[str], None]) -> "WholeMethod":
+        """train_texts: N raw texts; train_labels: (N, num_labels) 0/1 CSR (a label may have no positive
+        document); log: one line per call, for progress. Returns the fitted model."""
+
+    @abstractmethod
+    def save(self, folder: Path) -> None:
+        """Write everything `load` needs into `folder`, which does not exist yet."""
+
+    @classmethod
+    @abstractmethod
+    def load(cls, folder: Path, config: "TrainConfig") -> "WholeMethod":
+        """Rebuild what `save` wrote in `folder`; `config` is the run's, with `threads` for this machine."""
+
+    @abstractmethod
+    def predict(self, texts: list[str], top_k: int) -> tuple[np.ndarray, np.ndarray]:
+        """N raw texts (any string, the empty one included) -> labels (N, top_k) int64 and scores (N, top_k)
+        float32. Each row holds distinct label ids in [0, num_labels), best first with non-increasing finite
+        scores, then -1 (score -1.0) in the slots left empty; the same texts always give the same result."""

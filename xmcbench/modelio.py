@@ -198,19 +198,21 @@ def _is_count(value) -> bool:
     return _is_size(value) and value >= 1
 
 
-def _read_meta(directory: Path) -> dict:
-    path = directory / "model.json"
+def read_signed_description(path: Path, schema_version: int, required_keys: tuple[str, ...]) -> dict:
+    """A model.json that is a JSON object, of a schema this xmcbench reads, matching its own checksum and
+    holding `required_keys` (component models here; whole methods in xmcbench.whole_methods); anything
+    else ends in one XmcError line."""
     meta = _read_json(path, "the model description")
     if not isinstance(meta, dict):
         raise XmcError(f"{path} does not hold a JSON object: the model description is damaged; {REDO}")
     schema = meta.get("schema")
     if not isinstance(schema, int) or isinstance(schema, bool):
         raise XmcError(f"{path} has no valid \"schema\" number: the model description is damaged; {REDO}")
-    if schema > SCHEMA_VERSION:
+    if schema > schema_version:
         written_by = meta.get("xmcbench_version")
         by = f" {written_by}" if isinstance(written_by, str) else ""
         raise XmcError(f"{path} has model schema {schema} but this xmcbench ({xmcbench.__version__}) reads "
-                       f"schema {SCHEMA_VERSION} at most: the model was written by a newer xmcbench{by}; "
+                       f"schema {schema_version} at most: the model was written by a newer xmcbench{by}; "
                        "upgrade xmcbench (pip install -U xmcbench)")
     recorded = meta.get(SELF_CHECKSUM)
     if recorded is None:
@@ -219,10 +221,16 @@ def _read_meta(directory: Path) -> dict:
     if recorded != description_digest(meta):
         raise XmcError(f"{path} does not match its own checksum ({SELF_CHECKSUM!r}): it was edited or damaged "
                        f"after saving; {REDO}")
-    missing = [key for key in REQUIRED_KEYS if key not in meta]
+    missing = [key for key in required_keys if key not in meta]
     if missing:
         raise XmcError(f"{path} lacks {', '.join(repr(k) for k in missing)}: the model description is "
                        f"incomplete; {REDO}")
+    return meta
+
+
+def _read_meta(directory: Path) -> dict:
+    path = directory / "model.json"
+    meta = read_signed_description(path, SCHEMA_VERSION, REQUIRED_KEYS)
     for key in ("num_labels", "num_clusters", "cluster_size"):
         if not _is_count(meta[key]):
             raise XmcError(f"{path}: {key!r} must be a positive integer, got {meta[key]!r}; {REDO}")

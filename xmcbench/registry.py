@@ -138,6 +138,13 @@ class Registry:
         if not isinstance(method, MethodSpec):
             raise RegistrationError(f"plugin {self._origin()} registers a method that is not a MethodSpec: "
                                     f"{_short_repr(method)}")
+        if method.whole_method is not None:
+            from xmcbench.interfaces import WholeMethod
+
+            if not (isinstance(method.whole_method, type) and issubclass(method.whole_method, WholeMethod)):
+                raise RegistrationError(f"plugin {self._origin()} registers method {method.name!r} whose whole_method "
+                                        f"is not a subclass of xmcbench.interfaces.WholeMethod: "
+                                        f"{_short_repr(method.whole_method)}")
         self._add(self.methods, f"method {method.name!r}", method.name, method)
 
     def add_dataset(self, dataset) -> None:

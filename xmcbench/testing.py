@@ -29,6 +29,12 @@ AssertionError naming the component and the broken rule. What every kind is chec
 
 Comparisons on one device and dtype are exact (`torch.equal`); the checks are small and run on the CPU in
 well under a second per component (a tiny transformer encoder takes a few seconds).
+
+`check_whole_method(factory, config)` checks a whole method (`xmcbench.interfaces.WholeMethod`, a method
+that is not built from components) on `write_tiny_dataset`'s data: the top-k format of `predict` (shapes,
+dtypes, ids, best first, -1 padding), results independent of the other texts, a pickle-free `save` whose
+folder, copied elsewhere, `load`s into a model predicting exactly the same, and the same predictions after
+fitting again with the same seed (unless the class declares `deterministic = False`).
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from xmcbench.config import Stage, TrainConfig, apply_overrides
 from xmcbench.interfaces import Candidates, Encoder, LabelClusters, Ranker, Recaller, Sampler, StageContext
 
 __all__ = ["make_tiny_transformer", "tiny_config", "check_encoder", "check_recaller", "check_ranker",
-           "check_sampler", "check_component"]
+           "check_sampler", "check_component", "check_whole_method", "pickles_in", "write_tiny_dataset"]
 
 SEED, OTHER_SEED, CALL_SEED = 0, 12345, 7
 NUM_DOCUMENTS = 16          # N training documents a sampler's StageContext describes
@@ -624,3 +630,180 @@ def write_tiny_dataset(folder: Path, train: int = 48, test: int = 16, seed: int 
         (folder / f"{split}_texts.txt").write_text("\n".join(texts) + "\n")
         (folder / f"{split}_labels.txt").write_text("\n".join(labels) + "\n")
     return folder
+
+
+# -- whole methods ------------------------------------------------------------------------------------
+
+PICKLE_SUFFIXES = (".pkl", ".pickle", ".joblib", ".pt", ".pth", ".ckpt")
+UNKNOWN_TEXTS = ["", "qwzx vbnm unseenword"]   # an empty text and one with no training word
+
+
+def pickles_in(folder: Path) -> list[str]:
+    """The files under `folder` that hold pickle, each with why: a pickle file name (.pkl, .pickle, .joblib,
+    .pt, ...), a file starting with the pickle protocol 2-5 header (what pickle, joblib and torch.save write),
+    a numpy .npy/.npz file with object arrays (numpy pickles those), or a zip archive with a .pkl member (a
+    torch checkpoint). Protocol 0 and 1 pickles, written only on request, are not recognised."""
+    import zipfile
+
+    found = []
+    for file in sorted(Path(folder).rglob("*")):
+        if not file.is_file():
+            continue
+        name = file.relative_to(folder).as_posix()
+        with open(file, "rb") as handle:
+            head = handle.read(2)
+        if file.suffix.lower() in PICKLE_SUFFIXES:
+            found.append(f"{name} (a pickle file name)")
+        elif len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+            found.append(f"{name} (starts with a pickle protocol {head[1]} header)")
+        elif file.suffix.lower() in (".npy", ".npz"):
+            try:   # numpy refuses object arrays (its pickled ones) when pickle is not allowed
+                arrays = np.load(file, allow_pickle=False)
+                if not isinstance(arrays, np.ndarray):   # an .npz: its arrays are read on access
+                    with arrays:
+                        for key in arrays.files:
+                            arrays[key]
+            except ValueError as error:
+                if "pickle" in str(error).lower():
+                    found.append(f"{name} (numpy object arrays, stored as pickle)")
+        elif zipfile.is_zipfile(file):
+            with zipfile.ZipFile(file) as archive:
+                if any(member.endswith((".pkl", ".pickle")) for member in archive.namelist()):
+                    found.append(f"{name} (a zip archive holding a pickle)")
+    return found
+
+
+def _check_top_k(check: _Check, labels: Any, scores: Any, num_texts: int, top_k: int, num_labels: int,
+                 what: str) -> None:
+    """The predict contract: labels (N, k) int64, scores (N, k) float32; per row distinct ids in
+    [0, num_labels) best first with non-increasing finite scores, then -1 slots with score -1.0."""
+    rule = "predict must return labels (N, top_k) int64 and scores (N, top_k) float32"
+    check.require(isinstance(labels, np.ndarray) and isinstance(scores, np.ndarray), rule,
+                  f"got {type(labels).__name__} and {type(scores).__name__} for {what}")
+    check.require(labels.shape == (num_texts, top_k) and scores.shape == (num_texts, top_k), rule,
+                  f"shapes {labels.shape} and {scores.shape} for {what}, expected ({num_texts}, {top_k})")
+    check.require(labels.dtype == np.int64 and scores.dtype == np.float32, rule,
+                  f"dtypes {labels.dtype} and {scores.dtype} for {what}")
+    for row in range(num_texts):
+        ids, values = labels[row], scores[row]
+        filled = ids >= 0
+        count = int(filled.sum())
+        where = f"{what}, row {row}: labels {ids.tolist()}, scores {np.round(values, 4).tolist()}"
+        check.require(bool((ids >= -1).all() and (ids < num_labels).all()),
+                      f"label ids must be in [0, {num_labels}) or -1 for an empty slot", where)
+        check.require(bool(filled[:count].all()), "empty slots (-1) must come after every label", where)
+        check.require(len(set(ids[:count].tolist())) == count, "a label must not appear twice in a row", where)
+        check.require(bool(np.isfinite(values[:count]).all()), "scores of labels must be finite", where)
+        check.require(bool((np.diff(values[:count]) <= 0).all()),
+                      "labels must come best first (scores non-increasing along the row)", where)
+        check.require(bool((values[count:] == -1.0).all()), "an empty slot's score must be -1.0", where)
+
+
+def _same_predictions(first: tuple, second: tuple) -> bool:
+    return all(a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(first, second))
+
+
+def _prediction_difference(first: tuple, second: tuple) -> str:
+    (labels, scores), (other_labels, other_scores) = first, second
+    if labels.shape != other_labels.shape:
+        return f"shapes {labels.shape} vs {other_labels.shape}"
+    rows = np.flatnonzero((labels != other_labels).any(axis=1) | (scores != other_scores).any(axis=1))
+    if not len(rows):
+        return "dtypes differ"
+    row = int(rows[0])
+    return (f"{len(rows)} of {len(labels)} rows differ, e.g. row {row}: {labels[row].tolist()} "
+            f"{np.round(scores[row], 4).tolist()} vs {other_labels[row].tolist()} "
+            f"{np.round(other_scores[row], 4).tolist()}")
+
+
+@_isolated
+def check_whole_method(factory, config, top_ks=(1, 5, 12)) -> None:
+    """The `xmcbench.interfaces.WholeMethod` rules for `factory`, the subclass a MethodSpec names.
+
+    On the tiny dataset of `write_tiny_dataset` (8 labels), with `config` on one thread (config.threads=1):
+    `check` accepts it; `fit` returns an instance; `predict` on the test texts, an empty text and one of unknown
+    words gives, for every k in `top_ks` (12 > 8 labels, so some slots stay empty), the shapes, dtypes, ids,
+    order and padding of the contract, the same result twice and whatever texts it is predicted with, and
+    (0, k) arrays for no text; `save` writes files, none of them pickle (`pickles_in`), into a folder it
+    creates; a copy of that folder, with the original deleted, loads into a model that predicts exactly the
+    same; and, unless the class says `deterministic = False`, fitting again with the same config gives exactly
+    the same predictions."""
+    import dataclasses
+    import shutil
+
+    from xmcbench.data import load_dataset_from_path
+    from xmcbench.interfaces import WholeMethod
+
+    check = _Check("whole method", factory)
+    check.require(isinstance(factory, type) and issubclass(factory, WholeMethod),
+                  "MethodSpec.whole_method must be a subclass of xmcbench.interfaces.WholeMethod",
+                  f"got {factory!r}")
+    config = dataclasses.replace(config, threads=1)
+    with tempfile.TemporaryDirectory(prefix="xmcbench-whole-") as scratch:
+        scratch = Path(scratch)
+        dataset = load_dataset_from_path(write_tiny_dataset(scratch / "data"))
+        num_labels = dataset.num_labels
+        train_labels = dataset.train_labels[:, :num_labels].tocsr()
+        texts = list(dataset.test_texts) + UNKNOWN_TEXTS
+
+        def fit() -> WholeMethod:
+            with check.rule("fit(train_texts, train_labels, num_labels, config, log) must work"):
+                model = factory.fit(list(dataset.train_texts), train_labels, num_labels, config, lambda line: None)
+            check.require(isinstance(model, factory), f"fit must return a {factory.__name__}",
+                          f"it returned {type(model).__module__}.{type(model).__qualname__}")
+            return model
+
+        def predict(model: WholeMethod, inputs: list[str], top_k: int, what: str) -> tuple:
+            with check.rule(f"predict on {what} must work"):
+                found = model.predict(inputs, top_k)
+            check.require(isinstance(found, tuple) and len(found) == 2, "predict must return (labels, scores)",
+                          f"got {type(found).__name__} for {what}")
+            _check_top_k(check, *found, len(inputs), top_k, num_labels, what)
+            return found
+
+        with check.rule("check(config, num_labels) must accept the tiny dataset"):
+            factory.check(config, num_labels)
+        model = fit()
+        expected = {}
+        for top_k in top_ks:
+            what = f"{len(texts)} texts, top_k={top_k}"
+            expected[top_k] = predict(model, texts, top_k, what)
+            again = predict(model, texts, top_k, what)
+            check.require(_same_predictions(expected[top_k], again), "predict must give the same result for the same "
+                          "texts", _prediction_difference(expected[top_k], again))
+            half = len(texts) // 2
+            parts = [predict(model, texts[:half], top_k, f"the first {half} texts"),
+                     predict(model, texts[half:], top_k, f"the last {len(texts) - half} texts")]
+            joined = tuple(np.concatenate([part[i] for part in parts]) for i in range(2))
+            check.require(_same_predictions(expected[top_k], joined),
+                          "a text's prediction must not depend on the other texts predicted with it",
+                          _prediction_difference(expected[top_k], joined))
+        predict(model, [], top_ks[0], "no text")
+
+        saved = scratch / "saved"
+        with check.rule("save(folder) must work on a folder that does not exist yet"):
+            model.save(saved)
+        check.require(saved.is_dir() and any(p.is_file() for p in saved.rglob("*")),
+                      "save(folder) must create the folder and write files into it", f"{saved} is empty or missing")
+        pickled = pickles_in(saved)
+        check.require(not pickled, "saved files must be free of pickle (JSON, .npz, safetensors or a backend's own "
+                      "format)", "; ".join(pickled))
+        moved = scratch / "moved"
+        shutil.copytree(saved, moved)
+        shutil.rmtree(saved)   # a model folder reaches nothing outside itself
+        with check.rule("load(folder, config) must work on a copy of the saved folder"):
+            loaded = factory.load(moved, config)
+        check.require(isinstance(loaded, factory), f"load must return a {factory.__name__}",
+                      f"it returned {type(loaded).__module__}.{type(loaded).__qualname__}")
+        for top_k in top_ks:
+            found = predict(loaded, texts, top_k, f"{len(texts)} texts, top_k={top_k}, loaded")
+            check.require(_same_predictions(expected[top_k], found),
+                          "a saved and loaded model must predict exactly as the fitted one",
+                          f"top_k={top_k}: {_prediction_difference(expected[top_k], found)}")
+
+        if factory.deterministic:
+            top_k = top_ks[-1]
+            refitted = predict(fit(), texts, top_k, f"{len(texts)} texts, top_k={top_k}, fitted again")
+            check.require(_same_predictions(expected[top_k], refitted),
+                          "fitting again with the same config (seed, one thread) must give the same predictions "
+                          "(or declare deterministic = False)", _prediction_difference(expected[top_k], refitted))

@@ -1,0 +1,235 @@
+"""Whole methods (`xmcbench.interfaces.WholeMethod`): their runs, their saved models, their predictions.
+
+A whole method's run writes the run directory a component method's does — config.json, environment.json,
+timings.json, predictions.safetensors, validation_predictions.safetensors (with a validation split),
+data_report.json, metrics.json last, the `.xmcbench-run` claim — with the same split of the training set
+(`runner.split_train_rows`), the same propensities and the same scoring code. It has no training_log.json,
+loss.png or checkpoints: fitting is one call, and `xmcbench run --resume` fits again from the start. Its
+model folder:
+
+    model/model.json    schema, "whole_method" (the method's name), the config, num_labels, the size and
+                        sha256 of every other file of the folder ("files"), and a checksum of itself
+    model/labels.json   the label names, in label-id order
+    model/method/       what WholeMethod.save wrote (pickle-free, by the contract)
+
+Loading checks the folder as `xmcbench.modelio` does for component models: a missing, damaged or edited
+file, or a method no installed plugin provides, ends in one XmcError line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import xmcbench
+from xmcbench.config import TrainConfig
+from xmcbench.data import Dataset
+from xmcbench.distributed import Distributed
+from xmcbench.errors import XmcError
+from xmcbench.interfaces import WholeMethod
+from xmcbench.modelio import REDO, _read_json, _read_labels, _verify_files, file_digest, read_signed_description, \
+    signed_description
+from xmcbench.pipeline import Predictions, seed_everything, set_threads
+from xmcbench.registry import Registry
+from xmcbench.rundir import ClaimedRun, claim_existing, claim_output
+from xmcbench.storage import write_json
+
+SCHEMA_VERSION = 1
+METHOD_FOLDER = "method"
+REQUIRED_KEYS = ("schema", "whole_method", "config", "num_labels", "files")
+
+
+# -- predictions ------------------------------------------------------------------------------------
+
+def predict(model: WholeMethod, texts: list[str], top_k: int) -> Predictions:
+    """`model.predict` as the pipeline's Predictions: labels (N, top_k) int64, scores (N, top_k) float32,
+    no recalled clusters. A result of another shape is a bug of the plugin, not a user's mistake."""
+    labels, scores = model.predict(list(texts), top_k)
+    labels, scores = np.asarray(labels), np.asarray(scores)
+    if labels.shape != (len(texts), top_k) or scores.shape != labels.shape:
+        raise ValueError(f"{type(model).__qualname__}.predict returned labels {labels.shape} and scores "
+                         f"{scores.shape} for {len(texts)} texts and top_k={top_k}; the contract is ({len(texts)}, "
+                         f"{top_k}) each (xmcbench.interfaces.WholeMethod)")
+    return Predictions(labels.astype(np.int64, copy=False), scores.astype(np.float32, copy=False), None)
+
+
+# -- the run ----------------------------------------------------------------------------------------
+
+def run_whole_method(plan, method: type[WholeMethod], output: Path | None, data_dir: Path | None, overwrite: bool,
+                     registry: Registry, log, resume: bool, dist: Distributed) -> Path:
+    """runner.run for a whole method: refuse what cannot work before the output folder is touched, claim it
+    (`--overwrite` and `--resume` as for any run), fit, predict, score, write the run directory."""
+    from xmcbench.runner import default_output, is_finished, open_dataset
+
+    if dist.enabled:
+        raise XmcError(f"{plan.method} is a whole method, which runs in one process: run it without torchrun")
+    threads = set_threads(plan.config)
+    dataset = plan.loaded or open_dataset(registry, plan.dataset, data_dir)
+    method.check(plan.config, dataset.num_labels)
+    output = Path(output) if output else default_output(plan)
+    claimed = claim_existing(output) if resume else claim_output(output, overwrite, is_finished)
+    try:
+        if resume:
+            log(f"a whole method keeps no checkpoint: {plan.method} is fitted again from the start")
+        return _fit_and_write(plan, method, claimed, dataset, threads, registry, log)
+    finally:
+        claimed.release()
+
+
+def _fit_and_write(plan, method: type[WholeMethod], claimed: ClaimedRun, dataset: Dataset, threads: int,
+                   registry: Registry, log) -> Path:
+    from xmcbench import runner
+
+    config, output = plan.config, claimed.directory
+    num_labels = dataset.num_labels
+    log(f"{plan.method} on {dataset.name}: {len(dataset.train_texts)} train / {len(dataset.test_texts)} test "
+        f"documents, {num_labels} labels; whole method {method.__module__}.{method.__qualname__}, {threads} threads")
+    if plan.preset:
+        log(f"settings of the {plan.method} preset for {plan.preset} (--set and --config win over it)")
+    if "validation_size" in plan.derived:   # the one derived setting a whole method sees: its training rows
+        log(f"validation_size {plan.derived['validation_size'].value} derived from the data, as for every method "
+            f"without a preset for {dataset.name} (see config.json)")
+    if dataset.report:
+        log("input policies applied (see data_report.json): "
+            + ", ".join(f"{key} {value}" for key, value in sorted(dataset.report.items())))
+    seed_everything(config.seed)
+    train_rows, validation_rows = runner.split_train_rows(dataset, config)
+    output.mkdir(parents=True, exist_ok=True)
+    write_run_config(output, plan, method, dataset, config, threads, train_rows, validation_rows, registry)
+
+    started = time.perf_counter()
+    model = method.fit([dataset.train_texts[i] for i in train_rows],
+                       dataset.train_labels[train_rows][:, :num_labels].tocsr(), num_labels, config, log)
+    train_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    predictions = predict(model, dataset.test_texts, config.top_k)
+    predict_seconds = time.perf_counter() - started
+    validation_predictions = None
+    if len(validation_rows):   # for ensembles, which choose member weights on these rows, never on test
+        validation_predictions = predict(model, [dataset.train_texts[i] for i in validation_rows], config.top_k)
+
+    metrics = runner.score(predictions, dataset.test_labels, None, runner.inverse_propensity(dataset, train_rows),
+                           label_counts=runner.label_document_counts(dataset.train_labels[train_rows]))
+    save_model_dir(output / "model", model, plan.method, config, dataset.label_names[:num_labels])
+    runner.save_predictions(output / "predictions.safetensors", predictions)
+    if validation_predictions is not None:
+        runner.save_validation_predictions(output / runner.VALIDATION_PREDICTIONS_FILE, validation_predictions.labels,
+                                           validation_predictions.scores, validation_rows)
+    write_json(output / "timings.json", {
+        "train_seconds": train_seconds,
+        # one pass over the training documents: the ms/document/epoch of a component method's run
+        "train_ms_per_document": 1000 * train_seconds / max(1, len(train_rows)),
+        "documents_trained": len(train_rows),
+        "predict_seconds": predict_seconds,
+        "predict_ms_per_document": 1000 * predict_seconds / max(1, len(dataset.test_texts)),
+        "resumed": False,
+        **runner.peak_memory_mb(torch.device("cpu"))})
+    write_json(output / "data_report.json", dataset.report)
+    write_json(output / runner.FINISHED_MARKER, {"dataset": dataset.name, "test_documents": len(dataset.test_texts),
+                                                 "unseen_test_labels": len(dataset.label_names) - num_labels,
+                                                 **metrics})
+    return claimed.finish()
+
+
+def write_run_config(output: Path, plan, method: type[WholeMethod], dataset: Dataset, config: TrainConfig,
+                     threads: int, train_rows: np.ndarray, validation_rows: np.ndarray, registry: Registry) -> None:
+    """config.json (the keys of a component method's run that apply) and environment.json (with the
+    backends' versions)."""
+    from xmcbench.runner import environment
+
+    dataset_ref = plan.dataset if plan.dataset in registry.datasets else str(Path(plan.dataset).resolve())
+    write_json(output / "config.json", {"method": plan.method, "dataset": dataset_ref, "dataset_name": dataset.name,
+                                        "dataset_version": dataset.version, "config": config.to_dict(),
+                                        **plan.describe(),
+                                        "resolved": {"num_labels": dataset.num_labels, "threads": threads,
+                                                     "device": "cpu", "processes": 1,
+                                                     "train_docs": len(train_rows),
+                                                     "validation_docs": len(validation_rows),
+                                                     "whole_method": f"{method.__module__}.{method.__qualname__}",
+                                                     "deterministic": method.deterministic}})
+    recorded = environment()
+    for package in method.packages:
+        try:
+            recorded["versions"][package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            recorded["versions"][package] = None
+    write_json(output / "environment.json", recorded)
+
+
+# -- the model folder -------------------------------------------------------------------------------
+
+def save_model_dir(directory: Path, model: WholeMethod, method_name: str, config: TrainConfig,
+                   label_names: list[str]) -> None:
+    """model/: the method's own files in method/, labels.json, and model.json (last, with every file's
+    size and sha256, so an interrupted save is never taken for a complete model)."""
+    directory = Path(directory)
+    if directory.exists():   # an unfinished run's, fitted again by --resume: model.json goes first
+        (directory / "model.json").unlink(missing_ok=True)
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    model.save(directory / METHOD_FOLDER)
+    write_json(directory / "labels.json", label_names)
+    files = ["labels.json"] + sorted(path.relative_to(directory).as_posix()
+                                     for path in (directory / METHOD_FOLDER).rglob("*") if path.is_file())
+    write_json(directory / "model.json", signed_description({
+        "schema": SCHEMA_VERSION,
+        "xmcbench_version": xmcbench.__version__,
+        "whole_method": method_name,
+        "config": config.to_dict(),
+        "num_labels": len(label_names),
+        "files": {name: file_digest(directory / name) for name in files},
+    }))
+
+
+def _model_folder(directory: Path) -> Path:
+    directory = Path(directory)
+    return directory / "model" if (directory / "model").is_dir() else directory
+
+
+def is_whole_method_model(directory: Path) -> bool:
+    """Whether `directory` (a run directory or its model/ folder) holds a whole method's model."""
+    path = _model_folder(directory) / "model.json"
+    try:
+        meta = _read_json(path, "the model description") if path.is_file() else None
+    except XmcError:
+        return False   # damaged: the component loader reports it
+    return isinstance(meta, dict) and "whole_method" in meta
+
+
+def load_model_dir(directory: Path, registry: Registry) -> tuple[WholeMethod, TrainConfig, list[str]]:
+    """A whole method's saved model, its config (threads and device for this machine) and label names.
+    Every problem with its files ends in one XmcError line naming the file and what to do."""
+    directory = _model_folder(directory)
+    path = directory / "model.json"
+    meta = read_signed_description(path, SCHEMA_VERSION, REQUIRED_KEYS)
+    label_names = _read_labels(directory, meta["num_labels"])
+    _verify_files(directory, meta)
+    name = meta["whole_method"]
+    spec = registry.methods.get(name)
+    if spec is None or spec.value.whole_method is None:
+        failed = registry.failed and "; plugins that failed to load: " + ", ".join(f.name for f in registry.failed)
+        raise XmcError(f"{path}: the model was made by method {name!r}, which no installed plugin provides as a "
+                       f"whole method{failed or ''}; install the plugin that registers it (`xmcbench plugins` lists "
+                       "the loaded ones)")
+    try:
+        config = TrainConfig.from_dict(meta["config"])
+    except XmcError as error:
+        raise XmcError(f"{path}: {' '.join(str(error).split())}: the model was written by another xmcbench "
+                       f"({meta.get('xmcbench_version')}) or its description is damaged; {REDO}") from None
+    # the machine it runs on is this one, not the one that trained it
+    config = dataclasses.replace(config, device="auto", threads=0)
+    method = spec.value.whole_method
+    try:
+        model = method.load(directory / METHOD_FOLDER, config)
+    except XmcError:
+        raise
+    except Exception as error:   # a backend's own reader failing on a damaged file
+        raise XmcError(f"cannot load {directory / METHOD_FOLDER} with {name}: {type(error).__name__}: "
+                       f"{' '.join(str(error).split())}; {REDO}") from None
+    return model, config, label_names
