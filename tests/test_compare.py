@@ -53,3 +53,26 @@ def test_compare_trains_each_cell_once_and_reports(tiny_model_dir, tiny_dataset,
 def test_seeds_can_be_typed_as_a_list():
     assert expand_seeds(["compare", "a", "--seeds", "0", "1", "2", "-b", "a"]) == \
         ["compare", "a", "--seeds", "0", "--seeds", "1", "--seeds", "2", "-b", "a"]
+
+
+def test_compare_weighted_ensemble_fuses_the_methods_seed_by_seed(tiny_model_dir, tiny_dataset, tmp_path):
+    cli = CliRunner()
+    output = tmp_path / "report"
+    refused = cli.invoke(app, compare_args(tiny_model_dir, tiny_dataset, output, "--ensemble", "--fusion", "weighted"))
+    assert refused.exit_code != 0 and "validation_size=0" in str(refused.exception)
+    assert "\n" not in str(refused.exception) and not (output / "runs").exists()   # refused before training
+
+    result = cli.invoke(app, compare_args(tiny_model_dir, tiny_dataset, output, "--ensemble", "--fusion", "weighted",
+                                          "--set", "validation_size=8"))
+    assert result.exit_code == 0, result.output
+    ensembles = sorted(p.name for p in (output / "ensembles").iterdir())
+    assert len(ensembles) == 2 and all(name.startswith("weighted-lightxml+lightxml-random-neg-seed")
+                                       for name in ensembles)
+    report = (output / "report.md").read_text()
+    assert "| weighted-ensemble(lightxml+lightxml-random-neg) |       2 |" in report
+    assert "## Ensembles" in report and "seed 0: lightxml" in report and "seed 1: lightxml" in report
+    assert "## Head and tail" in report and (output / "frequency_bins.png").exists()
+
+    one = cli.invoke(app, ["compare", "lightxml", "--ensemble", "--fusion", "weighted", "--dataset", str(tiny_dataset),
+                           "--output", str(output)])
+    assert one.exit_code != 0 and "name at least two methods" in str(one.exception)

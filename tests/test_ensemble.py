@@ -7,11 +7,14 @@ import sys
 
 import numpy as np
 import pytest
+import scipy.sparse
 from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
 from xmcbench import ensemble, runner
 from xmcbench.cli import app
+from xmcbench.config import TrainConfig
+from xmcbench.data import load_dataset_from_path
 from xmcbench.errors import XmcError
 from xmcbench.metrics import format_metrics
 from xmcbench.registry import build_registry
@@ -42,6 +45,74 @@ def test_combine_sums_scores_over_the_union_of_the_members_top_k():
     labels, scores = ensemble.combine([a_labels[:, :2], b_labels[:, :2]], [a_scores[:, :2], b_scores[:, :2]], top_k=3)
     np.testing.assert_array_equal(labels, [[1, 3, 4], [6, 7, -1], [-1, -1, -1]])
     np.testing.assert_allclose(scores[0], [1.1, 0.9, 0.55], rtol=1e-6)
+
+
+# -- weighted fusion, on constructed validation predictions ----------------------------------------
+
+def constructed_members(seed=0, num_docs=80, num_labels=40, k=5):
+    """Truth of num_docs validation documents and two members' top-k lists on them: "good" ranks each
+    document's true labels first (sigmoid-like scores in (0, 1)), "noise" ranks random labels (SVM-like
+    margins in about [-10, 10])."""
+    rng = np.random.default_rng(seed)
+    truth_sets = [rng.choice(num_labels, size=rng.integers(1, 4), replace=False) for _ in range(num_docs)]
+    truth = scipy.sparse.csr_matrix((np.ones(sum(len(t) for t in truth_sets)),
+                                     (np.repeat(np.arange(num_docs), [len(t) for t in truth_sets]),
+                                      np.concatenate(truth_sets))), shape=(num_docs, num_labels))
+    good = np.array([list(t) + [l for l in rng.permutation(num_labels) if l not in t][:k - len(t)]
+                     for t in truth_sets])
+    good_scores = -np.sort(-rng.uniform(0.05, 0.95, size=(num_docs, k)), axis=1)
+    noise = np.array([rng.permutation(num_labels)[:k] for _ in range(num_docs)])
+    noise_scores = -np.sort(-rng.normal(0, 4, size=(num_docs, k)), axis=1)
+    return truth, [good, noise], [good_scores, noise_scores]
+
+
+def test_weighted_fusion_gives_the_weight_to_the_member_that_is_right_on_validation():
+    truth, labels, scores = constructed_members()
+    inv_propensity = np.ones(truth.shape[1])
+    quantiles = [ensemble.score_quantiles(l, s, 5) for l, s in zip(labels, scores)]
+    normalised = [ensemble.normalise(s, q) for s, q in zip(scores, quantiles)]
+    weights, chosen, tried = ensemble.choose_weights(labels, normalised, truth, inv_propensity, top_k=5)
+    # the noise can only displace the good member's filler labels at a small weight: ties go to the weights
+    # closest to equal, so the noise keeps a little weight, never more than the good member's objective allows
+    assert tried == 11 and weights[0] >= 0.8 and weights[1] <= 0.2 and sum(weights) == pytest.approx(1.0)
+    good_alone = ensemble.evaluate(labels[0], truth, ks=(1, 5), inv_propensity=inv_propensity)
+    assert chosen["P@1"] == pytest.approx(100.0)
+    assert chosen["objective"] == pytest.approx((good_alone["P@1"] + good_alone["PSP@5"]) / 2)
+    # the members swapped: the weights follow the member, not the position
+    swapped, _, _ = ensemble.choose_weights(labels[::-1], normalised[::-1], truth, inv_propensity, top_k=5)
+    assert swapped == weights[::-1]
+
+
+def test_normalisation_makes_the_scale_of_a_member_irrelevant():
+    truth, labels, scores = constructed_members(seed=1)
+    test_truth, test_labels, test_scores = constructed_members(seed=2)
+
+    def fused(factor):
+        member_scores = [scores[0], scores[1] * factor]         # validation, member 2 rescaled
+        member_test_scores = [test_scores[0], test_scores[1] * factor]   # and its test scores alike
+        quantiles = [ensemble.score_quantiles(l, s, 5) for l, s in zip(labels, member_scores)]
+        rule = ensemble.Fusion("weighted", [0.5, 0.5], quantiles)
+        return ensemble.fuse(test_labels, member_test_scores, 5, rule)
+
+    plain_labels, plain_scores = fused(1.0)
+    scaled_labels, scaled_scores = fused(1000.0)
+    np.testing.assert_array_equal(plain_labels, scaled_labels)
+    np.testing.assert_allclose(plain_scores, scaled_scores, rtol=1e-6)
+    assert np.all((plain_scores >= 0) & (plain_scores <= 1))
+    # the paper's sum, by contrast, is taken over by the member with the larger scale
+    summed, _ = ensemble.fuse(test_labels, [test_scores[0], test_scores[1] * 1000], 5, ensemble.Fusion())
+    assert (summed[:, 0] == test_labels[1][:, 0]).mean() > 0.9
+
+
+def test_normalise_is_the_validation_distribution_function():
+    quantiles = np.array([0.0, 1.0, 1.0, 1.0, 2.0])   # a run of ties counts at its middle
+    np.testing.assert_allclose(ensemble.normalise(np.array([-5.0, 0.0, 0.5, 1.0, 2.0, 9.0]), quantiles),
+                               [0.0, 0.0, 0.25, 0.5, 1.0, 1.0])
+    assert ensemble.normalise(np.array([3.0, -3.0]), np.array([7.0])).tolist() == [0.5, 0.5]
+    # steps of 1/10: 11 splits for two members; 66 for three, plus equal thirds, which tenths miss
+    assert len(ensemble.weight_grid(2)) == 11 and len(ensemble.weight_grid(3)) == 67
+    assert all(sum(w) == pytest.approx(1.0) for w in ensemble.weight_grid(7))
+    assert len(ensemble.weight_grid(7)) <= ensemble.MAX_GRID_POINTS and (1 / 7,) * 7 in ensemble.weight_grid(7)
 
 
 # -- tiny runs --------------------------------------------------------------------------------------
@@ -89,6 +160,7 @@ def test_ensemble_metrics_from_saved_predictions_equal_evaluate_rescoring(runs, 
 
     spec = json.loads((directory / "ensemble.json").read_text())
     assert spec["schema"] == 1 and spec["top_k"] == 10 and len(spec["members"]) == 2
+    assert spec["fusion"]["rule"] == "sum" and saved["fusion"] == "sum" and "sum fusion" in result.stdout
     assert all(not m.startswith("/") for m in spec["members"])   # relative: the tree can move as a whole
     config = json.loads((directory / "config.json").read_text())
     assert config["method"] == "ensemble(lightxml+lightxml)"
@@ -107,7 +179,8 @@ def test_ensemble_metrics_from_saved_predictions_equal_evaluate_rescoring(runs, 
 
     # re-scoring by predicting with every member model gives the same metrics
     rescored = ensemble.evaluate_ensemble(directory, registry=registry)
-    assert rescored == pytest.approx(floats)
+    assert {k: v for k, v in rescored.items() if k != "frequency_bins"} == pytest.approx(floats)
+    assert rescored["frequency_bins"] == saved["frequency_bins"]
     result = cli.invoke(app, ["evaluate", str(directory)])
     assert result.exit_code == 0 and result.stdout.strip() == format_metrics(rescored)
 
@@ -185,3 +258,198 @@ def test_a_member_that_changed_after_building_is_caught(runs, tmp_path):
         ensemble.predict_texts(directory, ["python module"], registry=registry)
     with pytest.raises(XmcError, match="at least two runs"):
         ensemble.build_ensemble(moved[:1], tmp_path / "one", registry=registry)
+
+
+# -- weighted fusion of tiny runs -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory, tiny_model_dir):
+    """Two methods trained with one seed and validation split (a hybrid), and one with another seed."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XMCBENCH_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        registry = build_registry()
+        root = tmp_path_factory.mktemp("hybrid-runs")
+        dataset = write_tiny_dataset(root / "tiny-topics")
+
+        def train(method, seed, name):
+            plan = runner.plan_run(registry, method, str(dataset), seed=seed,
+                                   set_options=tiny_options(tiny_model_dir) + ["validation_size=8"])
+            return runner.run(plan, root / name, registry=registry, log=lambda line: None)
+
+        yield {"dataset": dataset, "registry": registry, "root": root,
+               "members": [train("lightxml", 3, "lightxml-seed3"), train("lightxml-random-neg", 3, "random-seed3")],
+               "other_seed": train("lightxml", 4, "lightxml-seed4")}
+
+
+def validation_truth(member, dataset_folder, rows):
+    """The validation rows' training labels in the member's label vocabulary."""
+    dataset = load_dataset_from_path(dataset_folder)
+    names = json.loads((member / "model" / "labels.json").read_text())
+    return runner.remap_labels(dataset.train_labels[rows], dataset.label_names, names)
+
+
+@slow
+def test_runs_save_validation_predictions_and_frequency_bins(hybrid):
+    member = hybrid["members"][0]
+    saved = load_file(str(member / runner.VALIDATION_PREDICTIONS_FILE))
+    config = TrainConfig.from_dict(json.loads((member / "config.json").read_text())["config"])
+    _, validation_rows = runner.split_train_rows(load_dataset_from_path(hybrid["dataset"]), config)
+    assert saved["rows"].dtype == np.int64 and saved["rows"].tolist() == validation_rows.tolist()
+    assert saved["labels"].shape == saved["scores"].shape == (8, 10)
+    assert saved["labels"].dtype == np.int64 and saved["scores"].dtype == np.float32
+    metrics = json.loads((member / "metrics.json").read_text())
+    bins = metrics["frequency_bins"]
+    assert bins["k"] == 5 and len(bins["bins"]) == 9
+    assert sum(b["P@5_contribution"] for b in bins["bins"]) == pytest.approx(metrics["P@5"])
+    assert sum(b["PSP@5_contribution"] for b in bins["bins"]) == pytest.approx(metrics["PSP@5"])
+    assert sum(b["labels"] for b in bins["bins"]) == len(json.loads((member / "model" / "labels.json").read_text()))
+
+    # an ensemble scores with its members' shared training rows, as they scored themselves: the member's own
+    # test predictions, scored as an ensemble's, give the member's metrics, PSP@5 and bins included
+    dataset = load_dataset_from_path(hybrid["dataset"])
+    members = [ensemble.read_member(path) for path in hybrid["members"]]
+    training_rows, _ = runner.split_train_rows(dataset, config)
+    assert ensemble.shared_training_rows(members, dataset).tolist() == training_rows.tolist()
+    assert ensemble.shared_training_rows([members[0], ensemble.read_member(hybrid["other_seed"])], dataset) is None
+    scored = ensemble._score(load_file(str(member / "predictions.safetensors"))["labels"], dataset, members)
+    assert {key: scored[key] for key in ("P@5", "PSP@5", "nDCG@5")} == \
+        pytest.approx({key: metrics[key] for key in ("P@5", "PSP@5", "nDCG@5")})
+    assert [b["PSP@5_contribution"] for b in scored["frequency_bins"]["bins"]] == \
+        pytest.approx([b["PSP@5_contribution"] for b in bins["bins"]])
+
+
+@slow
+def test_weighted_ensemble_round_trip(hybrid, tmp_path):
+    members, registry = hybrid["members"], hybrid["registry"]
+    result = cli.invoke(app, ["ensemble", *map(str, members), "--fusion", "weighted",
+                              "--output", str(tmp_path / "ens")])
+    assert result.exit_code == 0, result.output
+    directory = tmp_path / "ens"
+    assert "weighted fusion: weights lightxml" in result.output and "weighted fusion, metrics from" in result.stdout
+    spec = json.loads((directory / "ensemble.json").read_text())
+    fusion = spec["fusion"]
+    assert spec["schema"] == 2 and fusion["rule"] == "weighted" and fusion["normalisation"] == "validation-quantiles"
+    assert len(fusion["weights"]) == 2 and sum(fusion["weights"]) == pytest.approx(1.0)
+    assert fusion["member_methods"] == ["lightxml", "lightxml-random-neg"] and fusion["validation_documents"] == 8
+    assert fusion["objective"] == "(P@1 + PSP@5) / 2" and len(fusion["quantiles"]) == 2
+    config = json.loads((directory / "config.json").read_text())
+    assert config["method"] == "weighted-ensemble(lightxml+lightxml-random-neg)"
+    assert config["fusion"]["weights"] == fusion["weights"] and "quantiles" not in config["fusion"]
+
+    # the saved ranking is the fusion, read back from ensemble.json, of the members' saved test top-k
+    rule = ensemble.read_ensemble(directory).fusion
+    assert rule.weights == fusion["weights"]
+    member_predictions = [load_file(str(m / "predictions.safetensors")) for m in members]
+    expected, _ = ensemble.fuse([p["labels"] for p in member_predictions], [p["scores"] for p in member_predictions],
+                                10, rule)
+    saved = load_file(str(directory / "predictions.safetensors"))
+    np.testing.assert_array_equal(saved["labels"], expected)
+
+    # evaluate (every member predicts again) and predict agree with what was saved
+    metrics = json.loads((directory / "metrics.json").read_text())
+    assert metrics["fusion"] == "weighted" and metrics["metrics_from"] == "saved predictions"
+    rescored = ensemble.evaluate_ensemble(directory, registry=registry)
+    assert {k: v for k, v in rescored.items() if k != "frequency_bins"} == \
+        pytest.approx({k: v for k, v in metrics.items() if isinstance(v, float)})
+    texts = (hybrid["dataset"] / "test_texts.txt").read_text().splitlines()
+    names = json.loads((members[0] / "model" / "labels.json").read_text())
+    found = ensemble.predict_texts(directory, texts, top_k=3, registry=registry)
+    assert [r["labels"] for r in found] == [[names[i] for i in row[:3] if i >= 0] for row in saved["labels"]]
+
+
+@slow
+def test_weighted_fusion_chooses_weights_on_validation_and_ignores_scale(hybrid, tmp_path):
+    from safetensors.numpy import save_file
+
+    good, noisy = tmp_path / "good", tmp_path / "noisy"
+    shutil.copytree(hybrid["members"][0], good)
+    shutil.copytree(hybrid["members"][1], noisy)
+    saved = load_file(str(good / runner.VALIDATION_PREDICTIONS_FILE))
+    rows = saved["rows"]
+    truth = validation_truth(good, hybrid["dataset"], rows)
+    labels = np.full((len(rows), 10), -1, dtype=np.int64)
+    scores = np.full((len(rows), 10), -1.0, dtype=np.float32)
+    for row in range(len(rows)):   # "good" knows each validation document's labels
+        true = truth[row].indices
+        labels[row, :len(true)] = true
+        scores[row, :len(true)] = np.linspace(0.9, 0.6, len(true))
+    runner.save_validation_predictions(good / runner.VALIDATION_PREDICTIONS_FILE, labels, scores, rows)
+    rng = np.random.default_rng(0)   # "noisy" ranks every label (8 of them) at random, with SVM-like margins
+    num_labels = len(json.loads((noisy / "model" / "labels.json").read_text()))
+    noise = np.full((len(rows), 10), -1, dtype=np.int64)
+    noise[:, :num_labels] = [rng.permutation(num_labels) for _ in rows]
+    noise_scores = np.full((len(rows), 10), -1.0, dtype=np.float32)
+    noise_scores[:, :num_labels] = -np.sort(-rng.normal(0, 3, size=(len(rows), num_labels)), axis=1)
+    runner.save_validation_predictions(noisy / runner.VALIDATION_PREDICTIONS_FILE, noise, noise_scores, rows)
+
+    directory = ensemble.build_ensemble([good, noisy], tmp_path / "ens", fusion="weighted",
+                                        registry=hybrid["registry"], log=lambda line: None)
+    fusion = json.loads((directory / "ensemble.json").read_text())["fusion"]
+    assert fusion["weights"][0] >= 0.8 and fusion["weights"][1] <= 0.2
+    assert fusion["validation"]["P@1"] == pytest.approx(100.0)
+    assert fusion["validation_members_alone"][0]["P@1"] == pytest.approx(100.0)
+
+    # every score of "noisy", on validation and test alike, times 1000: the same weights and ranking
+    for name in (runner.VALIDATION_PREDICTIONS_FILE, "predictions.safetensors"):
+        arrays = load_file(str(noisy / name))
+        arrays["scores"] = arrays["scores"] * 1000
+        save_file(arrays, str(noisy / name))
+    scaled = ensemble.build_ensemble([good, noisy], tmp_path / "scaled", fusion="weighted",
+                                     registry=hybrid["registry"], log=lambda line: None)
+    assert json.loads((scaled / "ensemble.json").read_text())["fusion"]["weights"] == fusion["weights"]
+    np.testing.assert_array_equal(load_file(str(scaled / "predictions.safetensors"))["labels"],
+                                  load_file(str(directory / "predictions.safetensors"))["labels"])
+
+
+@slow
+def test_weighted_fusion_refuses_members_without_one_validation_split(hybrid, runs, tmp_path):
+    members, registry = hybrid["members"], hybrid["registry"]
+    without = tmp_path / "without"   # a member trained without a validation split, on the same data
+    shutil.copytree(members[1], without)
+    (without / runner.VALIDATION_PREDICTIONS_FILE).unlink()
+    with pytest.raises(XmcError) as error:
+        ensemble.build_ensemble([members[0], without], tmp_path / "ens", fusion="weighted", registry=registry)
+    message = str(error.value)
+    assert "\n" not in message and str(without) in message and "no validation predictions" in message
+    assert "--set validation_size=8 --set seed=3" in message and "--fusion sum" in message
+    assert not (tmp_path / "ens").exists()
+
+    with pytest.raises(XmcError) as error:
+        ensemble.build_ensemble([members[0], hybrid["other_seed"]], tmp_path / "ens", fusion="weighted",
+                                registry=registry)
+    message = str(error.value)
+    assert "\n" not in message and "different training rows" in message and "seed=3" in message
+    assert "seed=4" in message and str(hybrid["other_seed"]) in message
+
+    # members trained without any validation split: the hint names the settings to pick
+    with pytest.raises(XmcError, match=r"`--set validation_size=N --set seed=S` \(one N and S for every member\)"):
+        ensemble.build_ensemble(runs["members"], tmp_path / "ens", fusion="weighted", registry=runs["registry"])
+
+    found = subprocess.run([sys.executable, "-m", "xmcbench", "ensemble", str(members[0]), str(members[1]),
+                            "--fusion", "max", "--output", str(tmp_path / "ens")], capture_output=True, text=True)
+    assert found.returncode == 2 and found.stderr.count("\n") == 1 and "unknown --fusion 'max'" in found.stderr
+
+
+@slow
+def test_report_of_tiny_runs_shows_head_and_tail_and_the_fusion(hybrid, tmp_path):
+    from xmcbench import report
+
+    members, registry = hybrid["members"], hybrid["registry"]
+    weighted = ensemble.build_ensemble(members, tmp_path / "weighted", fusion="weighted", registry=registry,
+                                       log=lambda line: None)
+    summed = ensemble.build_ensemble(members, tmp_path / "summed", registry=registry, log=lambda line: None)
+    runs = report.load_runs([*members, weighted, summed])
+    path = report.write_report(runs, tmp_path / "report")
+    assert (path.parent / "frequency_bins.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = path.read_text()
+    assert "## Head and tail" in text and "| training documents per label " in text and "all (= P@5)" in text
+    assert "](frequency_bins.png)" in text
+    assert "## Ensembles" in text and "- ensemble(lightxml+lightxml-random-neg): raw scores summed" in text
+    weights = json.loads((weighted / "ensemble.json").read_text())["fusion"]["weights"]
+    assert (f"- weighted-ensemble(lightxml+lightxml-random-neg): each member's scores normalised" in text
+            and f"seed 3: lightxml {weights[0]:g}, lightxml-random-neg {weights[1]:g}" in text)
+    tables = report.summarize_frequency_bins(runs)
+    assert len(tables) == 1 and len(tables[0]["rows"]) == 4
+    for row in tables[0]["rows"]:   # a row's bins add up to its P@5
+        run = next(r for r in runs if r.method == row["method"])
+        assert sum(row["mean"]) == pytest.approx(run.metrics["P@5"])

@@ -226,3 +226,47 @@ def test_report_command_writes_the_files(results, tmp_path):
     assert f"xmcbench report {results} --baseline lightxml --format json" in (output / "report.md").read_text()
     bad = CliRunner().invoke(app, ["report", str(tmp_path / "nowhere")])
     assert isinstance(bad.exception, XmcError) and "does not exist" in str(bad.exception)
+
+
+def add_frequency_bins(results):
+    """Give each fixture run frequency bins whose P@5 contributions are known: (seed + 1) in bin "1", the
+    rest of its P@5 in ">1000" (lightxml-static: 0 in "1"); no labels in the other bins but "4-10"."""
+    names = ["0", "1", "2-3", "4-10", "11-30", "31-100", "101-300", "301-1000", ">1000"]
+    labels = [0, 10, 0, 20, 0, 0, 0, 0, 70]
+    for method in ("lightxml", "lightxml-static"):
+        for seed in range(3):
+            path = results / method / f"seed{seed}" / "metrics.json"
+            metrics = json.loads(path.read_text())
+            tail = float(seed + 1) if method == "lightxml" else 0.0
+            contributions = {"1": tail, ">1000": metrics["P@5"] - tail}
+            metrics["frequency_bins"] = {"k": 5, "bins": [
+                {"bin": name, "min_count": 0, "max_count": 0, "labels": count, "label_share": float(count),
+                 "test_positive_share": float(count), "P@5_contribution": contributions.get(name, 0.0)}
+                for name, count in zip(names, labels)]}
+            path.write_text(json.dumps(metrics))
+
+
+def test_head_and_tail_table_and_figure(results, tmp_path):
+    add_frequency_bins(results)
+    runs = report.load_runs([results], log=lambda line: None)
+    tables = report.summarize_frequency_bins(runs)
+    assert len(tables) == 1
+    table = tables[0]
+    assert table["k"] == 5 and table["bins"] == ["1", "4-10", ">1000"]   # bins without labels are left out
+    assert table["label_share"] == [10.0, 20.0, 70.0]
+    rows = {row["method"]: row for row in table["rows"]}
+    assert rows["lightxml"]["mean"][0] == pytest.approx(2.0) and rows["lightxml"]["std"][0] == pytest.approx(1.0)
+    static_p5 = statistics.mean(column("lightxml-static", "P@5"))
+    assert rows["lightxml-static"]["mean"] == pytest.approx([0.0, 0.0, static_p5])
+    text = report.render_frequency_bins(table)
+    assert "**2.00**" in text and "all (= P@5)" in text
+    assert f"{statistics.mean(column('lightxml', 'P@5')):.2f}" in text.splitlines()[-1]
+    path = report.write_report(runs, tmp_path / "report")
+    assert (path.parent / "frequency_bins.png").read_bytes()[:8] == PNG_MAGIC
+    assert "## Head and tail" in path.read_text()
+    # a run without bins (made before they were recorded) is left out of the table, not an error
+    metrics = json.loads((results / "lightxml" / "seed0" / "metrics.json").read_text())
+    metrics.pop("frequency_bins")
+    (results / "lightxml" / "seed0" / "metrics.json").write_text(json.dumps(metrics))
+    rows = report.summarize_frequency_bins(report.load_runs([results], log=lambda line: None))[0]["rows"]
+    assert {row["method"]: row["n_seeds"] for row in rows} == {"lightxml": 2, "lightxml-static": 3}

@@ -28,6 +28,9 @@ SetOption = typer.Option(None, "--set", "-s", help="override a setting, key=valu
 ConfigOption = typer.Option(None, "--config", help="TOML or JSON file of settings")
 DataDirOption = typer.Option(None, "--data-dir", help="folder holding user-provided datasets "
                                                       "[env: XMCBENCH_DATA_DIR]")
+FusionOption = typer.Option("sum", "--fusion", help="sum: raw scores summed (the paper's rule, one method family); "
+                                                    "weighted: each member's scores normalised by its validation "
+                                                    "scores, weights chosen on the validation rows (mixed families)")
 
 
 @app.command("run")
@@ -122,15 +125,17 @@ def ensemble_command(run_dirs: List[Path] = typer.Argument(..., help="finished r
                                                          help="labels taken from each member and kept "
                                                               "[default: the members' top_k]"),
                      data_dir: Optional[Path] = DataDirOption,
-                     overwrite: bool = typer.Option(False, "--overwrite", help="replace an ensemble in --output")):
-    """Ensemble saved runs: per document, scores summed over the union of the members' top-k (the paper's
-    Table 3); writes a directory that `predict` and `evaluate` accept."""
+                     overwrite: bool = typer.Option(False, "--overwrite", help="replace an ensemble in --output"),
+                     fusion: str = FusionOption):
+    """Ensemble saved runs: per document, the members' scores fused over the union of their top-k (summed, the
+    paper's Table 3, or normalised and weighted on validation rows); writes a directory that `predict` and
+    `evaluate` accept."""
     directory = ensemble.build_ensemble(run_dirs, output, top_k, data_dir, overwrite,
-                                        log=lambda line: typer.echo(line, err=True))
+                                        log=lambda line: typer.echo(line, err=True), fusion=fusion)
     metrics = json.loads((directory / "metrics.json").read_text())
     typer.echo(format_metrics({k: v for k, v in metrics.items() if isinstance(v, float)}))
-    typer.echo(f"{metrics['members']} members, top-{metrics['top_k']}, metrics from {metrics['metrics_from']}; "
-               f"ensemble directory: {directory}")
+    typer.echo(f"{metrics['members']} members, top-{metrics['top_k']}, {metrics['fusion']} fusion, metrics from "
+               f"{metrics['metrics_from']}; ensemble directory: {directory}")
 
 
 @app.command("plugins")
@@ -210,8 +215,10 @@ def compare_command(methods: List[str] = typer.Argument(..., help="methods to co
                     fmt: str = typer.Option("github", "--format", "-f", help="table format: github, latex or json"),
                     output: Path = typer.Option(Path("reports") / "compare", "--output", "-o",
                                                 help="folder for the runs (output/runs) and the report"),
-                    ensemble: bool = typer.Option(False, "--ensemble", help="also score an ensemble of each "
-                                                                           "method's seeds, side by side"),
+                    ensemble: bool = typer.Option(False, "--ensemble", help="also score ensembles, side by side: "
+                                                                           "of each method's seeds (--fusion sum), "
+                                                                           "or of all methods per seed (weighted)"),
+                    fusion: str = FusionOption,
                     data_dir: Optional[Path] = DataDirOption):
     """Train every (method, seed) cell without a saved result, reuse the rest, and write a report."""
     import shlex
@@ -220,7 +227,7 @@ def compare_command(methods: List[str] = typer.Argument(..., help="methods to co
 
     command = shlex.join(["xmcbench", "compare", *sys.argv[2:]]) if sys.argv[1:2] == ["compare"] else None
     path = compare(build_registry(), methods, dataset, seeds, output, set_options or [], config_file, baseline,
-                   fmt, ensemble, data_dir, command, log=lambda line: typer.echo(line, err=True))
+                   fmt, ensemble, data_dir, command, log=lambda line: typer.echo(line, err=True), fusion=fusion)
     typer.echo(f"report: {path}")
 
 

@@ -22,16 +22,36 @@ def result_key(registry: Registry, plan: runner.Plan, dataset_version: str) -> s
     return fingerprint(plan.method, plan.config.to_dict(), stages, dataset_version)
 
 
+def check_shared_validation(plans: dict[tuple[str, int], runner.Plan]) -> None:
+    """Weighted ensembles fuse the methods of one seed on their validation rows: refuse, before anything
+    trains, cells without a validation split or whose splits would differ."""
+    for (method, seed), plan in plans.items():
+        size = getattr(plan.config, "validation_size", None)
+        if size == 0:
+            raise XmcError(f"--ensemble --fusion weighted chooses weights on validation rows, but {method} runs with "
+                           "validation_size=0 here; add --set validation_size=N (e.g. 10 % of the training set)")
+    for (method, seed), plan in plans.items():
+        first_method = next(m for (m, s) in plans if s == seed)
+        first = plans[(first_method, seed)].config
+        split = [getattr(plan.config, key, None) for key in ("validation_size", "max_train_docs")]
+        if split != [getattr(first, key, None) for key in ("validation_size", "max_train_docs")]:
+            raise XmcError(f"--ensemble --fusion weighted needs one validation split per seed, but {method} and "
+                           f"{first_method} differ in validation_size or max_train_docs; set both with --set")
+
+
 def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds: list[int],
               set_options: list[str], config_file: Path | None, results_dir: Path, data_dir: Path | None = None,
-              log=print) -> dict[str, list[Path]]:
-    """Train what is missing; return {method: [run directory per seed]}."""
+              log=print, shared_validation: bool = False) -> dict[str, list[Path]]:
+    """Train what is missing; return {method: [run directory per seed]}. shared_validation: refuse first
+    unless the methods of each seed share one validation split (check_shared_validation)."""
     if not methods:
         raise XmcError("name at least one method to compare (e.g. xmcbench compare lightxml lightxml-static)")
     loaded = runner.open_dataset(registry, dataset or runner.DEFAULT_DATASET, data_dir)
     plans = {(method, seed): runner.plan_run(registry, method, dataset, config_file, set_options, seed, data_dir,
                                              loaded=loaded)
              for method in methods for seed in seeds}   # every setting is checked before anything trains
+    if shared_validation:
+        check_shared_validation(plans)
     version = loaded.version
     cells: dict[str, list[Path]] = {method: [] for method in methods}
     for (method, seed), plan in plans.items():
@@ -48,26 +68,43 @@ def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds
     return cells
 
 
+def ensemble_members(cells: dict[str, list[Path]], seeds: list[int], fusion: str) -> dict[str, list[Path]]:
+    """{ensemble folder name: member runs}. sum: each method's seeds (the paper's ensembles of one method);
+    weighted: per seed, every compared method (a hybrid whose weights are chosen on the validation split
+    that seed gives all of them), so the hybrid gets one result per seed like a method. A name ends in a
+    hash of its members' folders, which name their settings: other members, another ensemble."""
+    if fusion == "sum":
+        groups = {f"{method}-x{len(paths)}": paths for method, paths in cells.items() if len(paths) > 1}
+    else:
+        groups = {f"weighted-{'+'.join(cells)}-seed{seed}": [paths[index] for paths in cells.values()]
+                  for index, seed in enumerate(seeds)}
+    return {f"{name}-{fingerprint([path.name for path in paths])[:8]}": paths for name, paths in groups.items()}
+
+
 def compare(registry: Registry, methods: list[str], dataset: str | None, seeds: list[int], output: Path,
             set_options: list[str] = (), config_file: Path | None = None, baseline: str | None = None,
             fmt: str = "github", ensemble: bool = False, data_dir: Path | None = None, command: str | None = None,
-            log=print) -> Path:
-    """Run the missing cells under output/runs, optionally an ensemble of each method's seeds under
-    output/ensembles, and write output/report.md; return its path."""
+            log=print, fusion: str = "sum") -> Path:
+    """Run the missing cells under output/runs, optionally ensembles under output/ensembles (ensemble_members:
+    each method's seeds with fusion "sum", all methods per seed with "weighted"), and write output/report.md;
+    return its path."""
+    from xmcbench.ensemble import build_ensemble, check_fusion
     from xmcbench.report import load_runs, write_report
 
+    check_fusion(fusion)
     if baseline is not None and baseline not in methods:
         raise XmcError(f"--baseline {baseline!r} is not among the compared methods: {', '.join(methods)}")
+    weighted = ensemble and fusion == "weighted"
+    if weighted and len(set(methods)) < 2:
+        raise XmcError("--ensemble --fusion weighted fuses the compared methods seed by seed; name at least two "
+                       "methods (an ensemble of one method's seeds uses --fusion sum)")
     cells = run_cells(registry, methods, dataset, seeds, list(set_options), config_file, output / "runs",
-                      data_dir, log)
+                      data_dir, log, shared_validation=weighted)
     run_dirs = [path for paths in cells.values() for path in paths]
     if ensemble:
-        from xmcbench.ensemble import build_ensemble
-
-        for method, paths in cells.items():
-            if len(paths) > 1:
-                target = output / "ensembles" / f"{method}-x{len(paths)}"
-                if not (target / runner.FINISHED_MARKER).exists():
-                    build_ensemble(paths, target)
-                run_dirs.append(target)
+        for name, paths in ensemble_members(cells, seeds, fusion).items():
+            target = output / "ensembles" / name
+            if not (target / runner.FINISHED_MARKER).exists():
+                build_ensemble(paths, target, fusion=fusion, registry=registry, log=log)
+            run_dirs.append(target)
     return write_report(load_runs(run_dirs), output, baseline=baseline, fmt=fmt, command=command)

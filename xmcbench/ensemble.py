@@ -1,15 +1,42 @@
-"""Ensembles of saved runs, as in the paper's Table 3 (three encoders, or three label-cluster trees).
+"""Ensembles of saved runs: the paper's Table 3 (three encoders, or three label-cluster trees), and hybrids
+of different method families (a transformer beside a linear tree method).
 
-Rule (the paper's): for each document take the union of the members' top-k label ids; the ensemble score
-of a label is the sum over members of that member's score for it (0 where the label is outside that
-member's top-k); the ensemble's ranking is the top-k of the sums (ties: lower id first).
+Both fusion rules (`--fusion`) work on the union of the members' top-k label ids per document (a label
+outside a member's top-k gets nothing from that member); the ensemble's ranking is the top-k of the fused
+scores (ties: lower id first).
+
+- `sum` (the default; the paper's rule): the fused score of a label is the sum of the members' raw scores.
+  Right for members of one family (seeds, encoders, label-cluster trees of one method), whose scores share
+  one scale.
+- `weighted` (for members of different families, whose scores live on different scales: LightXML's sigmoid
+  products in [0, 1], tree probabilities, SVM margins). First each member's scores are normalised by that
+  member's own scores on the validation rows: a score becomes the fraction of the member's validation top-k
+  scores that lie below it (the member's empirical distribution function, kept as QUANTILES quantiles, linear
+  in between; a score beyond the validation range maps to 0 or 1). This is a rank transform against the
+  member's validation scores, so any strictly increasing change of a member's scores (a factor, a shift, a
+  sigmoid) leaves the ensemble unchanged and a few extreme scores cannot dominate; unlike ranks within one
+  document it keeps confidence: a member's top label on a document it is sure of outranks its top label on
+  one it is unsure of. Then the fused score is sum over members of w_m * normalised score, with weights
+  w_m >= 0 summing to 1 chosen on the validation rows, never on the test set: a grid over the weights
+  (steps of 1/10 for up to 4 members, coarser beyond, so at most MAX_GRID_POINTS combinations; equal weights
+  always tried) maximising the validation objective (P@1 + PSP@5) / 2 - the aim of a hybrid is to beat each
+  member on the frequent labels (P@1) and on the tail (PSP@5) at once. Ties go to the weights closest to
+  equal. A member given weight 0 is left out.
+  The validation rows: every member must have `validation_predictions.safetensors` (written by
+  `xmcbench run` when validation_size > 0; see xmcbench.runner.save_validation_predictions) over the same
+  training rows, i.e. trained with the same seed, validation_size and max_train_docs. Their truth is the
+  dataset's training labels at those rows; PSP@5's propensities come from the other training documents.
 
 An ensemble directory:
 
     ensemble.json             {"schema", "members": [paths, relative to the ensemble directory], "top_k",
-                               "label_names_sha256"}: all that `predict` and `evaluate` need
-    config.json               method "ensemble(m1+m2+...)", dataset and version, member 0's config, so a
-                              report reads it like a run
+                               "label_names_sha256", "fusion": {"rule", "normalisation", and for weighted:
+                               "weights" (one per member), "objective", the validation figures, "quantiles"
+                               (per member)}}: all that `predict` and `evaluate` need. Schema 1 for sum
+                               (as before), 2 for weighted (an older xmcbench refuses it instead of summing)
+    config.json               method "ensemble(m1+m2+...)" (sum) or "weighted-ensemble(m1+m2+...)", dataset
+                              and version, member 0's config, the fusion (without quantiles), so a report
+                              reads it like a run
     metrics.json              test metrics of the ensemble (written last: its presence marks a finished build)
     timings.json              members' training seconds and prediction ms/document, summed
     predictions.safetensors   the ensemble's test-set top-k (labels (N, k) int64, scores (N, k) float32)
@@ -18,18 +45,22 @@ An ensemble directory:
 Members must be finished runs sharing one label vocabulary (model/labels.json). Building reuses the
 members' saved test predictions when they all have them for the current version of one dataset;
 otherwise (and always for `evaluate`) every member model predicts the test split, one model at a time.
-Propensities for PSP@k come from the dataset's whole training set, as in `xmcbench evaluate`.
+Propensities for PSP@k and the label counts of the frequency bins come from the members' training rows
+when they all trained on the same ones (as in their own metrics.json, so the ensemble's row compares with
+theirs), otherwise from the dataset's whole training set, as in `xmcbench evaluate`.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
+import itertools
 import json
+import math
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -37,16 +68,18 @@ import numpy as np
 
 from xmcbench.config import check_top_k
 from xmcbench.errors import XmcError
-from xmcbench.metrics import evaluate
-from xmcbench.modelio import load_model_dir
-from xmcbench.pipeline import Predictions, pick_device, predict, set_threads
+from xmcbench.metrics import evaluate, propensity_scores
+from xmcbench.pipeline import Predictions
 from xmcbench.registry import Registry, build_registry
 from xmcbench.storage import read_json, write_json
-from xmcbench.tokenization import tokenize
 
 ENSEMBLE_FILE = "ensemble.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2   # 1: sum (the only rule before weighted fusion), 2: weighted
 MIN_TOP_K = 5   # the metrics are reported at k = 1, 3, 5
+FUSION_RULES = ("sum", "weighted")
+FUSION_OBJECTIVE = "(P@1 + PSP@5) / 2"
+QUANTILES = 201          # validation-score quantiles kept per member: every half percent
+MAX_GRID_POINTS = 2000   # weight combinations tried at most
 
 
 # -- the combination rule ---------------------------------------------------------------------------
@@ -88,6 +121,132 @@ def combine(labels: Sequence[np.ndarray], scores: Sequence[np.ndarray], top_k: i
     out_labels[rows[keep], rank[keep]] = ids[keep]
     out_scores[rows[keep], rank[keep]] = sums[keep]
     return out_labels, out_scores
+
+
+# -- weighted fusion --------------------------------------------------------------------------------
+
+@dataclass
+class Fusion:
+    """How the members' scores are fused (see the module docstring). rule "sum": raw scores summed.
+    rule "weighted": weights (one per member, >= 0, summing to 1) and quantiles (per member, its (Q,) sorted
+    validation-score quantiles); record: what the weights were chosen on and how well they did."""
+
+    rule: str = "sum"
+    weights: list[float] | None = None
+    quantiles: list[np.ndarray] | None = None
+    record: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        """The fusion as config.json and the report show it (no quantiles)."""
+        if self.rule == "sum":
+            return {"rule": "sum", "normalisation": "none (raw scores)"}
+        return {"rule": "weighted", "normalisation": "validation-quantiles", "weights": self.weights, **self.record}
+
+    def to_json(self) -> dict:
+        """The fusion as ensemble.json keeps it: the summary, plus the quantiles for weighted."""
+        if self.rule == "sum":
+            return self.summary()
+        return {**self.summary(), "quantiles": [[float(value) for value in q] for q in self.quantiles]}
+
+    @staticmethod
+    def from_json(spec, num_members: int, path: Path) -> "Fusion":
+        damaged = (f"{path} has a damaged \"fusion\" entry (a rule, and for weighted one weight and one list of "
+                   "quantiles per member); rebuild the ensemble with `xmcbench ensemble`")
+        if spec is None:   # an ensemble written before fusion rules existed: the paper's sum
+            return Fusion()
+        if not isinstance(spec, dict) or spec.get("rule") not in FUSION_RULES:
+            raise XmcError(damaged)
+        if spec["rule"] == "sum":
+            return Fusion()
+        weights, quantiles = spec.get("weights"), spec.get("quantiles")
+        if not isinstance(weights, list) or not isinstance(quantiles, list) \
+                or len(weights) != num_members or len(quantiles) != num_members:
+            raise XmcError(damaged)
+        try:
+            weights = [float(w) for w in weights]
+            quantiles = [np.asarray(q, dtype=np.float64) for q in quantiles]
+        except (TypeError, ValueError):
+            raise XmcError(damaged) from None
+        if any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0 or any(
+                q.ndim != 1 or q.size == 0 or not np.all(np.isfinite(q)) or np.any(np.diff(q) < 0) for q in quantiles):
+            raise XmcError(damaged)
+        record = {key: value for key, value in spec.items()
+                  if key not in ("rule", "normalisation", "weights", "quantiles")}
+        return Fusion("weighted", weights, quantiles, record)
+
+
+def score_quantiles(labels: np.ndarray, scores: np.ndarray, top_k: int) -> np.ndarray:
+    """A member's (V, k) validation top lists -> (Q,) sorted quantiles of its scores in the first top_k
+    columns (empty slots, label -1, left out), Q = min(QUANTILES, number of scores); (0,) when none."""
+    values = np.asarray(scores, dtype=np.float64)[:, :top_k][np.asarray(labels)[:, :top_k] >= 0]
+    if values.size == 0:
+        return values
+    return np.quantile(values, np.linspace(0.0, 1.0, min(QUANTILES, values.size)))
+
+
+def normalise(scores: np.ndarray, quantiles: np.ndarray) -> np.ndarray:
+    """Scores of one member (any shape) -> [0, 1]: the fraction of the member's validation scores below each
+    score, read from its (Q,) sorted quantiles, linear in between (a run of equal quantiles counts at its
+    middle, so tied validation scores do not pull a score to either end)."""
+    values, first, repeats = np.unique(quantiles, return_index=True, return_counts=True)
+    if len(quantiles) == 1:
+        levels = np.array([0.5])
+    else:
+        levels = (first + (repeats - 1) / 2) / (len(quantiles) - 1)
+    return np.interp(np.asarray(scores, dtype=np.float64), values, levels)
+
+
+def fuse(labels: Sequence[np.ndarray], scores: Sequence[np.ndarray], top_k: int,
+         fusion: Fusion) -> tuple[np.ndarray, np.ndarray]:
+    """Members' top lists -> the ensemble's top-k under a fusion rule; shapes as in combine()."""
+    if fusion.rule == "sum":
+        return combine(labels, scores, top_k)
+    kept = [m for m, weight in enumerate(fusion.weights) if weight > 0]
+    return combine([np.asarray(labels[m])[:, :top_k] for m in kept],
+                   [fusion.weights[m] * normalise(np.asarray(scores[m])[:, :top_k], fusion.quantiles[m])
+                    for m in kept], top_k)
+
+
+def weight_grid(num_members: int) -> list[tuple[float, ...]]:
+    """The weights tried: every split of 1 into num_members shares in steps of 1/n (n = 10, or the finest of
+    5, 4, 3, 2, 1 that keeps the grid within MAX_GRID_POINTS), plus equal weights."""
+    steps = next(n for n in (10, 5, 4, 3, 2, 1) if math.comb(n + num_members - 1, num_members - 1) <= MAX_GRID_POINTS)
+    points = []
+    # stars and bars: num_members - 1 bars among steps + num_members - 1 places; the gaps are the shares
+    for bars in itertools.combinations(range(steps + num_members - 1), num_members - 1):
+        edges = (-1, *bars, steps + num_members - 1)
+        points.append(tuple((edges[i + 1] - edges[i] - 1) / steps for i in range(num_members)))
+    equal = tuple(1.0 / num_members for _ in range(num_members))
+    if not any(np.allclose(point, equal) for point in points):
+        points.append(equal)
+    return points
+
+
+def _objective(metrics: dict) -> float:
+    return (metrics["P@1"] + metrics["PSP@5"]) / 2
+
+
+def choose_weights(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray], truth, inv_propensity: np.ndarray,
+                   top_k: int) -> tuple[list[float], dict, int]:
+    """The weights of weight_grid() whose fusion of the members' validation top lists scores best on
+    FUSION_OBJECTIVE (ties: closest to equal weights, then the first tried).
+
+    labels[m]: (V, k) label ids of member m on the validation rows; normalised[m]: (V, k) its normalised
+    scores; truth: (V, L_total) sparse; inv_propensity: (L_total,). Returns (weights, the chosen fusion's
+    validation P@1 / PSP@5 / objective, number of weight combinations tried)."""
+    grid = weight_grid(len(labels))
+    equal = 1.0 / len(labels)
+    best_weights, best_metrics, best_value, best_distance = None, None, -math.inf, math.inf
+    for weights in grid:
+        kept = [m for m, weight in enumerate(weights) if weight > 0]
+        fused, _ = combine([labels[m] for m in kept], [weights[m] * normalised[m] for m in kept], top_k)
+        metrics = evaluate(fused, truth, ks=(1, 5), inv_propensity=inv_propensity)
+        value = _objective(metrics)
+        distance = sum((weight - equal) ** 2 for weight in weights)
+        if value > best_value + 1e-9 or (value > best_value - 1e-9 and distance < best_distance - 1e-12):
+            best_weights, best_value, best_distance = list(weights), value, distance
+            best_metrics = {"P@1": metrics["P@1"], "PSP@5": metrics["PSP@5"], "objective": value}
+    return best_weights, best_metrics, len(grid)
 
 
 # -- members ----------------------------------------------------------------------------------------
@@ -168,6 +327,7 @@ class Ensemble:
     member_refs: list[str]   # as written in ensemble.json
     top_k: int
     label_names_sha256: str
+    fusion: Fusion
 
 
 def read_ensemble(directory: Path) -> Ensemble:
@@ -189,38 +349,71 @@ def read_ensemble(directory: Path) -> Ensemble:
     members = [read_member(Path(ref) if Path(ref).is_absolute() else Path(os.path.normpath(base / ref)))
                for ref in refs]
     _check_vocabulary(members, sha)
-    return Ensemble(directory, members, refs, top_k, sha)
+    return Ensemble(directory, members, refs, top_k, sha, Fusion.from_json(spec.get("fusion"), len(refs), path))
 
 
 # -- scoring and predicting -------------------------------------------------------------------------
 
-def _score(labels: np.ndarray, dataset, model_label_names: list[str]) -> dict:
-    """Metrics of test-set top lists (ids in the model vocabulary), as `xmcbench evaluate` computes them."""
-    from xmcbench.runner import truth_in_vocabulary
+def shared_training_rows(members: list[Member], dataset) -> np.ndarray | None:
+    """The training rows (sorted) every member was trained on, when the settings in their config.json give
+    the same rows of this version of the dataset (one seed, validation_size and max_train_docs, or no split
+    and no cap at all); None otherwise."""
+    from xmcbench.config import TrainConfig
+    from xmcbench.runner import split_train_rows
 
-    truth, inv_propensity = truth_in_vocabulary(dataset, model_label_names)
-    return evaluate(labels, truth, inv_propensity=inv_propensity)
+    shared = None
+    for member in members:
+        if member.config.get("dataset_version") != dataset.version:
+            return None
+        try:
+            rows, _ = split_train_rows(dataset, TrainConfig.from_dict(member.config.get("config", {})))
+        except (XmcError, TypeError, ValueError, AttributeError):   # settings this xmcbench cannot read back
+            return None
+        if shared is not None and not np.array_equal(rows, shared):
+            return None
+        shared = rows
+    return shared
+
+
+def _score(labels: np.ndarray, dataset, members: list[Member]) -> dict:
+    """Metrics of test-set top lists (ids in the members' vocabulary). The propensities and the label counts
+    of the frequency bins come from the members' shared training rows, as in their own metrics.json, so an
+    ensemble's row compares with its members' rows; without shared rows, from the whole training set, as
+    `xmcbench evaluate` computes them."""
+    from xmcbench.runner import label_document_counts, remap_labels, truth_and_counts_in_vocabulary
+
+    names = members[0].label_names
+    train_rows = shared_training_rows(members, dataset)
+    if train_rows is None:
+        truth, inv_propensity, label_counts = truth_and_counts_in_vocabulary(dataset, names)
+    else:
+        truth = remap_labels(dataset.test_labels, dataset.label_names, names)
+        label_counts = label_document_counts(remap_labels(dataset.train_labels[train_rows], dataset.label_names,
+                                                          names))
+        inv_propensity = 1.0 / propensity_scores(label_counts, len(train_rows), dataset.propensity_a,
+                                                 dataset.propensity_b)
+    return evaluate(labels, truth, inv_propensity=inv_propensity, label_counts=label_counts)
 
 
 def _predict_member(member: Member, texts: list[str], texts_key: str | None, top_k: int, registry: Registry,
                     expected_sha256: str, description: str = "predicting") -> Predictions:
-    model, config, label_names = load_model_dir(member.path, registry)
+    from xmcbench.runner import load_saved_model, predict_saved_model
+
+    model, config, label_names = load_saved_model(member.path, registry)
     if labels_digest(label_names) != expected_sha256:
         raise XmcError(f"ensemble member {member.path} has another label vocabulary than the ensemble; rebuild "
                        "the ensemble with `xmcbench ensemble`")
     config.top_k = top_k
-    set_threads(config)
-    device = pick_device(config)
-    tokens = tokenize(texts, model.encoder.tokenizer, config.max_length, texts_key,
-                      description=f"tokenizing ({member.path.name})")
-    return predict(model, tokens, config, device, description=f"{description} ({member.path.name})")
+    return predict_saved_model(model, texts, texts_key, config, description=f"{description} ({member.path.name})",
+                               tokenizing=f"tokenizing ({member.path.name})")
 
 
-def _predict_test(members: list[Member], dataset, top_k: int, registry: Registry, sha: str) -> tuple[np.ndarray, np.ndarray]:
-    """Every member predicts the dataset's test split (one model in memory at a time); combined top-k."""
+def _predict_test(members: list[Member], dataset, top_k: int, registry: Registry, sha: str,
+                  fusion: Fusion) -> tuple[np.ndarray, np.ndarray]:
+    """Every member predicts the dataset's test split (one model in memory at a time); fused top-k."""
     found = [_predict_member(m, dataset.test_texts, f"{dataset.version}/test", top_k, registry, sha,
                              description="predicting test") for m in members]
-    return combine([p.labels for p in found], [p.scores for p in found], top_k)
+    return fuse([p.labels for p in found], [p.scores for p in found], top_k, fusion)
 
 
 def _saved_predictions(members: list[Member], dataset, top_k: int):
@@ -245,6 +438,106 @@ def _saved_predictions(members: list[Member], dataset, top_k: int):
     return labels, scores
 
 
+def _validation_settings(member: Member) -> str:
+    settings = member.config.get("config", {})
+    return (f"validation_size={settings.get('validation_size', '?')}, seed={settings.get('seed', '?')}, "
+            f"max_train_docs={settings.get('max_train_docs', '?')}")
+
+
+def _rerun_hint(reference: Member | None) -> str:
+    if reference is None:
+        return "`--set validation_size=N --set seed=S` (one N and S for every member)"
+    settings = reference.config.get("config", {})
+    return (f"`--set validation_size={settings.get('validation_size', 'N')} --set seed={settings.get('seed', 'S')}` "
+            f"as {reference.path} was trained")
+
+
+def _validation_predictions(members: list[Member], dataset, top_k: int) -> tuple[list, list, np.ndarray]:
+    """The members' saved top lists on their validation rows: (labels [(V, k)], scores [(V, k)], rows (V,)).
+    Anything that keeps them from sharing one validation split ends in one XmcError line saying how to
+    rerun."""
+    from safetensors.numpy import load_file
+
+    from xmcbench.runner import VALIDATION_PREDICTIONS_FILE
+
+    paths = [member.path / VALIDATION_PREDICTIONS_FILE for member in members]
+    with_file = [member for member, path in zip(members, paths) if path.is_file()]
+    labels, scores, found_rows = [], [], []
+    for member, path in zip(members, paths):
+        if not path.is_file():
+            raise XmcError(f"ensemble member {member.path} has no validation predictions "
+                           f"({VALIDATION_PREDICTIONS_FILE}: it was trained without a validation split or by an "
+                           "older xmcbench), and --fusion "
+                           "weighted chooses its weights on validation rows, never on test; rerun it with "
+                           f"{_rerun_hint(with_file[0] if with_file else None)}, or use --fusion sum")
+        if member.config.get("dataset_version") != dataset.version:
+            raise XmcError(f"ensemble member {member.path} was trained on another version of {dataset.name} than the "
+                           "one here, so its validation rows may no longer be the same documents; rerun it, or use "
+                           "--fusion sum")
+        try:
+            saved = load_file(str(path))
+        except Exception as error:   # safetensors raises several types for a damaged file
+            raise XmcError(f"{path} cannot be read ({' '.join(str(error).split())}); rerun the member") from None
+        member_labels, member_scores, rows = saved.get("labels"), saved.get("scores"), saved.get("rows")
+        if member_labels is None or member_scores is None or rows is None or member_labels.ndim != 2 \
+                or member_labels.shape != member_scores.shape or rows.shape != (member_labels.shape[0],) \
+                or (rows.size and (rows.min() < 0 or rows.max() >= len(dataset.train_texts))):
+            raise XmcError(f"{path} is damaged (it needs labels and scores (V, k) and rows (V,) of the training "
+                           "set); rerun the member")
+        if member_labels.shape[1] < top_k:
+            raise XmcError(f"ensemble member {member.path} kept its top {member_labels.shape[1]} labels on the "
+                           f"validation rows, fewer than --top-k {top_k}; pass --top-k {member_labels.shape[1]}")
+        if not np.all(np.isfinite(member_scores[member_labels >= 0])):
+            raise XmcError(f"ensemble member {member.path} has scores that are not finite on its validation rows; "
+                           "rerun the member")
+        if found_rows and not np.array_equal(rows, found_rows[0]):
+            raise XmcError(f"ensemble members {members[0].path} and {member.path} were validated on different "
+                           f"training rows ({_validation_settings(members[0])} vs {_validation_settings(member)}): "
+                           "--fusion weighted needs one validation split for all members; rerun them with the same "
+                           "`--set validation_size=N --set seed=S` (and max_train_docs), or use --fusion sum")
+        labels.append(member_labels)
+        scores.append(member_scores)
+        found_rows.append(rows)
+    if found_rows[0].size == 0:
+        raise XmcError(f"the members' validation predictions hold no rows; rerun them with {_rerun_hint(None)}")
+    return labels, scores, found_rows[0]
+
+
+def fit_fusion(members: list[Member], dataset, top_k: int) -> Fusion:
+    """The weighted fusion of these members, fitted on their shared validation rows (module docstring)."""
+    from xmcbench.runner import label_document_counts, remap_labels
+
+    labels, scores, rows = _validation_predictions(members, dataset, top_k)
+    quantiles = [score_quantiles(member_labels, member_scores, top_k)
+                 for member_labels, member_scores in zip(labels, scores)]
+    for member, member_quantiles in zip(members, quantiles):
+        if member_quantiles.size == 0:
+            raise XmcError(f"ensemble member {member.path} predicted no label for any validation row; it cannot be "
+                           "weighed against the others")
+    names = members[0].label_names
+    truth = remap_labels(dataset.train_labels[rows], dataset.label_names, names)
+    others = np.setdiff1d(np.arange(len(dataset.train_texts)), rows)   # the training documents that are not validation
+    counts = label_document_counts(remap_labels(dataset.train_labels[others], dataset.label_names, names))
+    inv_propensity = 1.0 / propensity_scores(counts, len(others), dataset.propensity_a, dataset.propensity_b)
+    top_lists = [member_labels[:, :top_k] for member_labels in labels]
+    normalised = [normalise(member_scores[:, :top_k], q) for member_scores, q in zip(scores, quantiles)]
+    weights, chosen, tried = choose_weights(top_lists, normalised, truth, inv_propensity, top_k)
+    alone = []
+    for member_labels in top_lists:
+        metrics = evaluate(member_labels, truth, ks=(1, 5), inv_propensity=inv_propensity)
+        alone.append({"P@1": metrics["P@1"], "PSP@5": metrics["PSP@5"], "objective": _objective(metrics)})
+    record = {"member_methods": [member.method for member in members], "objective": FUSION_OBJECTIVE,
+              "validation_documents": int(len(rows)), "weight_combinations_tried": tried,
+              "validation": chosen, "validation_members_alone": alone}
+    return Fusion("weighted", weights, quantiles, record)
+
+
+def describe_weights(fusion: Fusion) -> str:
+    """e.g. "lightxml 0.6, plt 0.4"."""
+    methods = fusion.record.get("member_methods") or [f"member {m + 1}" for m in range(len(fusion.weights))]
+    return ", ".join(f"{method} {weight:g}" for method, weight in zip(methods, fusion.weights))
+
+
 # -- the commands -----------------------------------------------------------------------------------
 
 def _check_output(output: Path, members: list[Member], overwrite: bool) -> None:
@@ -267,12 +560,20 @@ def default_output(dataset: str) -> Path:
     return Path("runs") / f"ensemble-{Path(dataset).name}-{stamp}"
 
 
+def check_fusion(fusion: str) -> None:
+    if fusion not in FUSION_RULES:
+        raise XmcError(f"unknown --fusion {fusion!r}: choose sum (the paper's rule: raw scores summed, for members "
+                       "of one method family) or weighted (normalised scores, weights chosen on validation rows)")
+
+
 def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: int | None = None,
                    data_dir: Path | None = None, overwrite: bool = False, registry: Registry | None = None,
-                   log=print) -> Path:
-    """Write an ensemble directory of finished runs and score it on the test split; return the directory."""
+                   log=print, fusion: str = "sum") -> Path:
+    """Write an ensemble directory of finished runs and score it on the test split; return the directory.
+    fusion: "sum" or "weighted" (see the module docstring)."""
     from xmcbench.runner import environment, open_dataset, save_predictions
 
+    check_fusion(fusion)
     if len(run_dirs) < 2:
         raise XmcError(f"an ensemble needs at least two runs, got {len(run_dirs)}")
     members = [read_member(Path(p)) for p in run_dirs]
@@ -298,32 +599,44 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
     dataset = open_dataset(registry, dataset_ref, data_dir)
     sha = first.labels_sha256
     same_data = all(m.config.get("dataset") == dataset_ref for m in members)
+    if fusion == "weighted":
+        if not same_data:
+            raise XmcError("--fusion weighted chooses weights on the members' shared validation rows, so every "
+                           f"member must be trained on one dataset; {first.path} was trained on {dataset_ref} and "
+                           "another member was not")
+        rule = fit_fusion(members, dataset, top_k)
+        log(f"weighted fusion: weights {describe_weights(rule)}, chosen on {rule.record['validation_documents']} "
+            f"validation documents ({FUSION_OBJECTIVE} {rule.record['validation']['objective']:.2f})")
+    else:
+        rule = Fusion()
     saved = _saved_predictions(members, dataset, top_k) if same_data else None
     started = time.perf_counter()
     if saved is not None:
-        labels, scores = combine(saved[0], saved[1], top_k)
+        labels, scores = fuse(saved[0], saved[1], top_k, rule)
         source = "saved predictions"
     else:
         log("the members' saved test predictions cannot be reused (missing, another dataset or version, or fewer "
             f"than {top_k} labels): predicting the test split with every member")
-        labels, scores = _predict_test(members, dataset, top_k, registry, sha)
+        labels, scores = _predict_test(members, dataset, top_k, registry, sha, rule)
         source = "predicted"
     combine_seconds = time.perf_counter() - started
-    metrics = _score(labels, dataset, first.label_names)
+    metrics = _score(labels, dataset, members)
 
     if output.exists() and is_ensemble(output):   # overwrite was checked above
         shutil.rmtree(output)
     output.mkdir(parents=True, exist_ok=True)
     base = output.resolve()
     refs = [os.path.relpath(m.path.resolve(), base) for m in members]
-    write_json(output / ENSEMBLE_FILE, {"schema": SCHEMA_VERSION, "members": refs, "top_k": top_k,
-                                        "label_names_sha256": sha})
+    # schema 1 for sum, which every xmcbench reads right; 2 makes one that predates weighted fusion refuse it
+    write_json(output / ENSEMBLE_FILE, {"schema": 1 if rule.rule == "sum" else 2, "members": refs, "top_k": top_k,
+                                        "label_names_sha256": sha, "fusion": rule.to_json()})
     write_json(output / "config.json", {
-        "method": "ensemble(" + "+".join(m.method for m in members) + ")",
+        "method": ("ensemble(" if rule.rule == "sum" else "weighted-ensemble(") + "+".join(m.method for m in members)
+        + ")",
         "dataset": dataset_ref, "dataset_name": dataset.name, "dataset_version": dataset.version,
-        "members": refs, "config": first.config.get("config", {}),
+        "members": refs, "config": first.config.get("config", {}), "fusion": rule.summary(),
         "resolved": {**first.config.get("resolved", {}), "num_labels": len(first.label_names),
-                     "ensemble_members": len(members), "top_k": top_k,
+                     "ensemble_members": len(members), "top_k": top_k, "fusion": rule.rule,
                      "member_methods": [m.method for m in members],
                      "member_seeds": [m.config.get("config", {}).get("seed") for m in members]}})
     timings = [_read_json_file(m.path / "timings.json", "the run's timings") if (m.path / "timings.json").is_file()
@@ -342,8 +655,8 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
     save_predictions(output / "predictions.safetensors", Predictions(labels, scores, None))
     write_json(output / "metrics.json", {"dataset": dataset.name, "test_documents": len(dataset.test_texts),
                                          "unseen_test_labels": len(dataset.label_names) - dataset.num_labels,
-                                         "members": len(members), "top_k": top_k, "metrics_from": source,
-                                         **metrics})
+                                         "members": len(members), "top_k": top_k, "fusion": rule.rule,
+                                         "metrics_from": source, **metrics})
     return output
 
 
@@ -363,8 +676,9 @@ def evaluate_ensemble(directory: Path, dataset_name: str | None = None, data_dir
         if not isinstance(dataset_name, str):
             raise XmcError(f"{directory} does not say which dataset it was built on; pass --dataset")
     dataset = open_dataset(registry, dataset_name, data_dir)
-    labels, _ = _predict_test(ensemble.members, dataset, ensemble.top_k, registry, ensemble.label_names_sha256)
-    return _score(labels, dataset, ensemble.members[0].label_names)
+    labels, _ = _predict_test(ensemble.members, dataset, ensemble.top_k, registry, ensemble.label_names_sha256,
+                              ensemble.fusion)
+    return _score(labels, dataset, ensemble.members)
 
 
 def predict_texts(directory: Path, texts: list[str], top_k: int = 5, registry: Registry | None = None) -> list[dict]:
@@ -376,7 +690,7 @@ def predict_texts(directory: Path, texts: list[str], top_k: int = 5, registry: R
     width = max(top_k, ensemble.top_k)
     found = [_predict_member(m, texts, None, width, registry, ensemble.label_names_sha256)
              for m in ensemble.members]
-    labels, scores = combine([p.labels for p in found], [p.scores for p in found], width)
+    labels, scores = fuse([p.labels for p in found], [p.scores for p in found], width, ensemble.fusion)
     names = ensemble.members[0].label_names
     return [{"labels": [names[i] for i in row[:top_k] if i >= 0],
              "scores": [round(float(s), 6) for i, s in zip(row[:top_k], values[:top_k]) if i >= 0]}

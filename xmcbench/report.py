@@ -4,6 +4,8 @@
     summarize(runs, baseline)   one row per (dataset, method) with mean, std and paired tests: raw numbers
     render_table(rows, fmt)     the rows as a github / latex table, or JSON; the only place numbers are formatted
     write_report(runs, output)  report.md + table.{md,tex,json} + loss_curves.png + precision.png
+                                (+ frequency_bins.png: head vs tail, when the runs recorded frequency bins)
+    summarize_frequency_bins    per dataset: each row's contribution to P@5 by bin of training label frequency
 
 Runs of one method on one dataset are its seeds. Runs of one method whose settings differ in anything but
 the seed are separate rows ("variants"), labelled by the settings that tell them apart, so an ablation run
@@ -28,7 +30,8 @@ from xmcbench.registry import closest_names_hint
 from xmcbench.storage import atomic_write
 
 __all__ = ["RunResult", "load_runs", "find_run_dirs", "summarize", "render_table", "plot_loss_curves",
-           "plot_precision", "write_report", "COLUMNS", "LOWER_IS_BETTER", "FORMATS", "PAIRED_TEST_NOTE"]
+           "plot_precision", "summarize_frequency_bins", "render_frequency_bins", "plot_frequency_bins",
+           "write_report", "COLUMNS", "LOWER_IS_BETTER", "FORMATS", "PAIRED_TEST_NOTE"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +64,8 @@ class RunResult:
     timings: dict
     environment: dict
     losses: list[dict]     # training_log.json steps: {"step", "epoch", "loss", ...}
-    model_bytes: int       # size of model/weights.safetensors (0 if absent)
+    model_bytes: int       # size of model/weights.safetensors, or of a whole method's model/method/ (0 if absent)
+    frequency_bins: dict | None = None   # metrics.json "frequency_bins" (xmcbench.metrics.evaluate), if recorded
 
     @property
     def settings(self) -> dict:
@@ -139,7 +143,29 @@ def read_run(path: Path) -> RunResult:
         timings=_read(path / "timings.json", required=False),
         environment=_read(path / "environment.json", required=False),
         losses=list(log.get("steps", [])) if isinstance(log, dict) else [],
-        model_bytes=weights.stat().st_size if weights.is_file() else 0)
+        model_bytes=weights.stat().st_size if weights.is_file() else _whole_method_bytes(path),
+        frequency_bins=_frequency_bins_of(metrics.get("frequency_bins")))
+
+
+def _frequency_bins_of(recorded: Any) -> dict | None:
+    """metrics.json's frequency bins when they have the expected shape; None otherwise (runs made before
+    xmcbench recorded them, or a damaged entry: the head/tail table leaves that run out)."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("k"), int) \
+            or not isinstance(recorded.get("bins"), list):
+        return None
+    key = f"P@{recorded['k']}_contribution"
+    for entry in recorded["bins"]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("bin"), str) or not _is_number(entry.get(key)) \
+                or not all(_is_number(entry.get(name)) for name in ("labels", "label_share", "test_positive_share")):
+            return None
+    return recorded
+
+
+def _whole_method_bytes(path: Path) -> int:
+    """A whole method's model size: the files its save wrote (model/method/, xmcbench.whole_methods), as a
+    component model's is its weights file; 0 if absent."""
+    folder = path / "model" / "method"
+    return sum(file.stat().st_size for file in folder.rglob("*") if file.is_file()) if folder.is_dir() else 0
 
 
 def load_runs(paths: list[Path], log: Callable[[str], None] | None = None) -> list[RunResult]:
@@ -460,6 +486,130 @@ def plot_precision(rows: list[dict], path: Path) -> None:
     _save_png(figure, path)
 
 
+# -- head vs tail: contributions by training label frequency --------------------------------------
+
+def summarize_frequency_bins(runs: list[RunResult]) -> list[dict]:
+    """Per dataset, each row's (method or variant, as in summarize) contribution to P@k by bin of training
+    label frequency, mean and std over its seeds. Bins that hold no label in any run are left out, and so
+    are runs without recorded bins. One dict per dataset that has some:
+
+    {"dataset", "k", "bins": [names], "labels": [mean labels per bin], "label_share": [%],
+     "test_positive_share": [%], "rows": [{"method", "n_seeds", "mean": [per bin], "std": [per bin] or None}]}
+    """
+    tables = []
+    groups = [g for g in _groups(runs) if any(r.frequency_bins for r in g.runs)]
+    for dataset in dict.fromkeys(g.dataset for g in groups):
+        here = [g for g in groups if g.dataset == dataset]
+        recorded = [r.frequency_bins for g in here for r in g.runs if r.frequency_bins]
+        k = recorded[0]["k"]
+        names = [entry["bin"] for entry in recorded[0]["bins"]]
+
+        def comparable(bins: dict | None) -> bool:   # cut at the same k into the same bins
+            return bins is not None and bins["k"] == k and [entry["bin"] for entry in bins["bins"]] == names
+
+        def mean_of(key: str) -> np.ndarray:
+            return np.mean([[entry[key] for entry in b["bins"]] for b in recorded if comparable(b)], axis=0)
+
+        labels = mean_of("labels")
+        keep = [i for i, count in enumerate(labels) if count > 0]
+        rows = []
+        for group in here:
+            values = np.array([[entry[f"P@{k}_contribution"] for entry in r.frequency_bins["bins"]]
+                               for r in group.runs if comparable(r.frequency_bins)])   # (seeds, bins)
+            if not len(values):
+                continue
+            std = values.std(axis=0, ddof=1) if len(values) > 1 else None
+            rows.append({"method": group.label, "n_seeds": len(values),
+                         "mean": [float(values[:, i].mean()) for i in keep],
+                         "std": [float(std[i]) for i in keep] if std is not None else None})
+        tables.append({"dataset": dataset, "k": k, "bins": [names[i] for i in keep],
+                       "labels": [float(labels[i]) for i in keep],
+                       "label_share": [float(v) for v in mean_of("label_share")[keep]],
+                       "test_positive_share": [float(v) for v in mean_of("test_positive_share")[keep]],
+                       "rows": rows})
+    return tables
+
+
+def render_frequency_bins(table: dict) -> str:
+    """One dataset's head/tail table (summarize_frequency_bins) in markdown: a row per bin, a column per
+    method (mean contribution to P@k over seeds, the best of each bin in bold), and a last row that adds
+    them up to P@k."""
+    from tabulate import tabulate
+
+    k = table["k"]
+    headers = ["training documents per label", "labels (%)", "test positives (%)",
+               *[row["method"] for row in table["rows"]]]
+    body = []
+    for i, name in enumerate(table["bins"]):
+        values = [r["mean"][i] for r in table["rows"]]
+        best = max(values)
+        cells = [f"**{v:.2f}**" if len(values) > 1 and best > 0 and math.isclose(v, best, abs_tol=1e-12) else f"{v:.2f}"
+                 for v in values]
+        body.append([name, f"{table['label_share'][i]:.1f}", f"{table['test_positive_share'][i]:.1f}", *cells])
+    body.append([f"all (= P@{k})", "100.0", "100.0", *[f"{sum(r['mean']):.2f}" for r in table["rows"]]])
+    return tabulate(body, headers=headers, tablefmt="github", colalign=["left"] + ["right"] * (len(headers) - 1),
+                    disable_numparse=True)
+
+
+def plot_frequency_bins(tables: list[dict], path: Path) -> None:
+    """Contribution to P@k per bin of training label frequency as grouped bars, one colour per method,
+    error bars = std over seeds; one panel per dataset; a PNG at `path`."""
+    from matplotlib import colormaps
+
+    widest = max(len(t["bins"]) * len(t["rows"]) for t in tables)
+    methods = list(dict.fromkeys(row["method"] for table in tables for row in table["rows"]))
+    legend_inches = 0.07 * (max(len(method) for method in methods) + 12)   # the legend sits beside the bars
+    figure = _figure(max(6.0, 0.22 * widest + 2) + legend_inches, 4.5 * len(tables))
+    palette = colormaps["tab10" if len(methods) <= 10 else "tab20"]
+    colour = {method: palette(i % palette.N) for i, method in enumerate(methods)}   # one per method in every panel
+    for index, table in enumerate(tables):
+        axes = figure.add_subplot(len(tables), 1, index + 1)
+        positions = np.arange(len(table["bins"]))
+        width = 0.8 / len(table["rows"])
+        for j, row in enumerate(table["rows"]):
+            axes.bar(positions + (j - (len(table["rows"]) - 1) / 2) * width, row["mean"], width, yerr=row["std"],
+                     capsize=2, color=colour[row["method"]],
+                     label=f"{row['method']} ({row['n_seeds']} seed{'s' if row['n_seeds'] > 1 else ''})")
+        # the share of test positives under each bin says how much of P@k the bin could give at most
+        names = [f"{name}\n{share:.0f} % of test\npositives" for name, share in
+                 zip(table["bins"], table["test_positive_share"])]
+        axes.set_xticks(positions, names, fontsize="small")
+        axes.set_xlabel("training documents per label")
+        axes.set_ylabel(f"contribution to P@{table['k']} (%)")
+        if len(tables) > 1:
+            axes.set_title(table["dataset"], fontsize="medium")
+        # beside the axes, not over the bars: the tall bars are the head bins at one end
+        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    _save_png(figure, path)
+
+
+def _fusion_lines(groups: list[_Group], several_datasets: bool) -> list[str]:
+    """One line per ensemble row: its fusion rule and, for weighted fusion, the weights chosen per seed."""
+    lines = []
+    for group in groups:
+        fusions = [(r.seed, r.config["fusion"]) for r in group.runs if isinstance(r.config.get("fusion"), dict)]
+        if not fusions:
+            continue
+        name = group.label + (f" on {group.dataset}" if several_datasets else "")
+        first = fusions[0][1]
+        if first.get("rule") != "weighted":
+            lines.append(f"- {name}: raw scores summed over the union of the members' top-k (the paper's rule)")
+            continue
+        per_seed = []
+        for seed, fusion in fusions:
+            weights = ", ".join(f"{method} {weight:g}" for method, weight in
+                                zip(fusion.get("member_methods") or [], fusion.get("weights") or []))
+            chosen = (fusion.get("validation") or {}).get("objective")
+            alone = [a.get("objective") for a in fusion.get("validation_members_alone") or []]
+            if _is_number(chosen) and alone and all(_is_number(a) for a in alone):
+                weights += f" (validation {chosen:.2f}; members alone " + " / ".join(f"{a:.2f}" for a in alone) + ")"
+            per_seed.append(f"seed {seed}: {weights}")
+        lines.append(f"- {name}: each member's scores normalised by its own validation scores (their empirical "
+                     f"distribution), weights chosen on {first.get('validation_documents', '?')} validation "
+                     f"documents by {first.get('objective', '?')}, never on test; " + "; ".join(per_seed))
+    return lines
+
+
 # -- the report -------------------------------------------------------------------------------------
 
 def _distinct(values) -> list:
@@ -493,8 +643,9 @@ def _hardware(run: RunResult) -> str:
 
 def write_report(runs: list[RunResult], output: Path, baseline: str | None = None, fmt: str = "github",
                  command: str | None = None) -> Path:
-    """Write report.md, table.{md|tex|json}, loss_curves.png and precision.png into `output`; return the
-    path of report.md. `command` (the command line that produced the report) is printed at the top."""
+    """Write report.md, table.{md|tex|json}, loss_curves.png, precision.png and, when the runs recorded
+    frequency bins, frequency_bins.png into `output`; return the path of report.md. `command` (the command
+    line that produced the report) is printed at the top."""
     if fmt not in FORMATS:
         raise XmcError(f"unknown report format {fmt!r}: choose one of {', '.join(FORMATS)}")
     output = Path(output)
@@ -508,6 +659,9 @@ def write_report(runs: list[RunResult], output: Path, baseline: str | None = Non
     atomic_write(table_path, lambda temporary: temporary.write_text(table + "\n", encoding="utf-8"))
     plot_loss_curves(runs, output / "loss_curves.png")
     plot_precision(rows, output / "precision.png")
+    bin_tables = summarize_frequency_bins(runs)
+    if bin_tables:
+        plot_frequency_bins(bin_tables, output / "frequency_bins.png")
 
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     lines = ["# xmcbench report", ""]
@@ -541,10 +695,29 @@ def write_report(runs: list[RunResult], output: Path, baseline: str | None = Non
     if baseline:
         lines += [f"Baseline: {baseline}. Each cell of another method adds (difference, p-value). "
                   + PAIRED_TEST_NOTE, ""]
-    lines += [f"The table is also in [{table_path.name}]({table_path.name}).", "",
-              "## Figures", "",
+    lines += [f"The table is also in [{table_path.name}]({table_path.name}).", ""]
+    fusion_lines = _fusion_lines(groups, len(datasets) > 1)
+    if fusion_lines:
+        lines += ["## Ensembles", "", *fusion_lines, ""]
+    if bin_tables:
+        k = bin_tables[0]["k"]
+        lines += ["## Head and tail", "",
+                  f"Contribution to P@{k} of the labels in each bin of training frequency (training documents per "
+                  f"label): the correct predictions in the top {k} whose label is in the bin, divided by {k} × the "
+                  f"test documents, in %, mean over seeds; the bins of a method add up to its P@{k}. Beside them, "
+                  "each bin's share of the labels and of the test positives (label, document pairs); bin 0 holds "
+                  "the labels no training document has, mostly test-only labels that no model can predict. Best of "
+                  "each bin in bold.", ""]
+        for table in bin_tables:
+            if len(bin_tables) > 1:
+                lines += [f"### {table['dataset']}", ""]
+            lines += [render_frequency_bins(table), ""]
+    lines += ["## Figures", "",
               "![Training loss per step, mean over seeds](loss_curves.png)", "",
               "![P@1, P@3 and P@5 per method, mean ± std over seeds](precision.png)", ""]
+    if bin_tables:
+        lines += [f"![Contribution to P@{bin_tables[0]['k']} by training label frequency, per method, mean ± std "
+                  "over seeds](frequency_bins.png)", ""]
     report = output / "report.md"
     text = "\n".join(lines)
     atomic_write(report, lambda temporary: temporary.write_text(text, encoding="utf-8"))

@@ -22,7 +22,7 @@ import scipy.sparse as sp
 import torch
 
 import xmcbench
-from xmcbench import clustering
+from xmcbench import clustering, whole_methods
 from xmcbench.config import MethodSpec, TrainConfig, check_top_k, parse_set_options, read_config_file, \
     resolve_config, training_stages
 from xmcbench.data import Dataset, data_dir_from_env, load_dataset, load_dataset_from_path
@@ -30,7 +30,7 @@ from xmcbench.defaults import RULE_VERSION, DatasetStatistics, Derived, DeviceFa
     derive_settings
 from xmcbench.distributed import Distributed, broadcast_text, from_environment, shutdown
 from xmcbench.errors import XmcError
-from xmcbench.interfaces import LabelClusters
+from xmcbench.interfaces import LabelClusters, WholeMethod
 from xmcbench.metrics import evaluate, propensity_scores
 from xmcbench.modelio import build_model, load_model_dir, save_model_dir, storage_dtype
 from xmcbench.checkpoint import load_checkpoint
@@ -43,6 +43,7 @@ from xmcbench.tokenization import load_tokenizer, tokenize
 
 DEFAULT_DATASET = "debian-debtags-mini"
 FINISHED_MARKER = "metrics.json"
+VALIDATION_PREDICTIONS_FILE = "validation_predictions.safetensors"   # see save_validation_predictions
 SELECTION_METRICS = tuple(f"{name}@{k}" for name in ("P", "nDCG", "PSP", "PSnDCG", "R") for k in (1, 3, 5))
 VERSIONED_PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "scipy", "scikit-learn", "safetensors")
 
@@ -86,7 +87,7 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
     preset_key = preset_for(spec, dataset if dataset in registry.datasets else Path(dataset).name)
     options = list(set_options) + ([f"seed={seed}"] if seed is not None else [])
     config = resolve_config(spec, preset_key, config_file, options)
-    check_settings(registry, config)   # fail before any data is read
+    check_settings(registry, config, spec)   # fail before any data is read
     if preset_key in spec.presets:
         return Plan(method, dataset, config, preset=preset_key)
     loaded = loaded or open_dataset(registry, dataset, data_dir)
@@ -101,7 +102,7 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
     derived = {key: value for key, value in derive_settings(statistics, device).items() if key not in explicit}
     config = resolve_config(spec, preset_key, config_file, options,
                             derived={key: value.value for key, value in derived.items()})
-    check_settings(registry, config)
+    check_settings(registry, config, spec)
     return Plan(method, dataset, config, derived, statistics, device, loaded)
 
 
@@ -122,11 +123,11 @@ def check_dataset_name(registry: Registry, name: str) -> None:
                        "the folder, or run from another folder for the registered dataset")
 
 
-def check_settings(registry: Registry, config: TrainConfig) -> None:
-    """Settings that can be checked without data: ranges, component names, device, storage dtype, selection
-    metric."""
+def check_settings(registry: Registry, config: TrainConfig, spec: MethodSpec | None = None) -> None:
+    """Settings that can be checked without data: ranges, component names (not for a whole method, which
+    has none), device, storage dtype, selection metric."""
     config.validate()
-    for kind in COMPONENT_KINDS:
+    for kind in COMPONENT_KINDS if spec is None or spec.whole_method is None else ():
         registry.component(kind, getattr(config, kind))
     pick_device(config)
     storage_dtype(config.storage_dtype)   # and not after training, when the model is saved
@@ -199,16 +200,26 @@ def label_clusters(dataset: Dataset, config: TrainConfig, train_rows: np.ndarray
 
 # -- scoring ----------------------------------------------------------------------------------------
 
+def label_document_counts(labels: sp.spmatrix) -> np.ndarray:
+    """(L,) int64 documents per label column of (N, L) training labels: the one source of training label
+    frequencies, for the propensities (PSP@k) and the frequency bins of the metrics alike."""
+    return np.asarray((labels > 0).sum(axis=0)).ravel().astype(np.int64)
+
+
 def inverse_propensity(dataset: Dataset, train_rows: np.ndarray) -> np.ndarray:
-    counts = np.asarray((dataset.train_labels[train_rows] > 0).sum(axis=0)).ravel()
+    counts = label_document_counts(dataset.train_labels[train_rows])
     return 1.0 / propensity_scores(counts, len(train_rows), dataset.propensity_a, dataset.propensity_b)
 
 
-def score(predictions: Predictions, truth: sp.csr_matrix, model: XMCModel, inv_propensity: np.ndarray) -> dict:
+def score(predictions: Predictions, truth: sp.csr_matrix, model: XMCModel, inv_propensity: np.ndarray,
+          label_counts: np.ndarray | None = None) -> dict:
+    """Metrics of a prediction; label_counts (L_total,) training documents per label adds the frequency bins
+    (xmcbench.metrics.evaluate)."""
     recalled = None
     if predictions.recalled is not None:
         recalled = recalled_truth(truth, predictions.recalled, model.label_cluster.cpu().numpy())
-    return evaluate(predictions.labels, truth, inv_propensity=inv_propensity, recalled_truth=recalled)
+    return evaluate(predictions.labels, truth, inv_propensity=inv_propensity, recalled_truth=recalled,
+                    label_counts=label_counts)
 
 
 def training_pool(dataset: Dataset, config: TrainConfig) -> np.ndarray:
@@ -291,6 +302,10 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
          resume: bool, dist: Distributed) -> Path:
     """run() in one process of a (possibly distributed) run: every process trains and predicts its share,
     rank 0 alone writes the run directory and logs."""
+    whole_method = registry.method(plan.method).whole_method
+    if whole_method is not None:   # no components, no training loop: the method fits itself
+        return whole_methods.run_whole_method(plan, whole_method, output, data_dir, overwrite, registry, log, resume,
+                                              dist)
     config = plan.config
     if not dist.is_main:
         log = lambda line: None  # noqa: E731  (one voice per run)
@@ -379,12 +394,20 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
     started = time.perf_counter()
     predictions = predict(model, test_tokens, config, device, description="predicting test", dist=dist)
     predict_seconds = time.perf_counter() - started
+    validation_predictions = None
+    if len(validation_rows):   # kept for ensembles, which choose member weights on these rows, never on test
+        validation_predictions = predict(model, validation_tokens, config, device,
+                                         description="predicting validation", dist=dist)
     if not dist.is_main:
         return output
     write_training_log(output, training_log)
-    metrics = score(predictions, dataset.test_labels, model, inv_propensity)
+    metrics = score(predictions, dataset.test_labels, model, inv_propensity,
+                    label_counts=label_document_counts(dataset.train_labels[train_rows]))
     save_model_dir(output / "model", model, config, dataset.label_names[:dataset.num_labels])
     save_predictions(output / "predictions.safetensors", predictions)
+    if validation_predictions is not None:
+        save_validation_predictions(output / VALIDATION_PREDICTIONS_FILE, validation_predictions.labels,
+                                    validation_predictions.scores, validation_rows)
     write_json(output / "timings.json", {
         "train_seconds": train_seconds,
         "train_ms_per_document": 1000 * train_seconds / max(1, trainer.documents_trained),
@@ -430,6 +453,24 @@ def save_predictions(path: Path, predictions: Predictions) -> None:
     atomic_write(path, lambda temporary: save_file(arrays, str(temporary)))
 
 
+def save_validation_predictions(path: Path, labels: np.ndarray, scores: np.ndarray, rows: np.ndarray) -> None:
+    """The final model's top-k on the validation rows, for choosing ensemble weights without the test set
+    (xmcbench.ensemble, --fusion weighted). Every method writes this one format:
+
+    labels (V, k) int64 label ids (-1: empty slot), scores (V, k) float32, rows (V,) int64 = the training-set
+    row indices of the validation documents, as split_train_rows returns them (sorted)."""
+    from safetensors.numpy import save_file
+
+    labels, scores, rows = np.asarray(labels), np.asarray(scores), np.asarray(rows)
+    if labels.ndim != 2 or labels.shape != scores.shape or rows.shape != (labels.shape[0],):
+        raise ValueError(f"validation predictions need labels and scores of one shape (V, k) and rows (V,), got "
+                         f"{labels.shape}, {scores.shape} and {rows.shape}")
+    arrays = {"labels": np.ascontiguousarray(labels, dtype=np.int64),
+              "scores": np.ascontiguousarray(scores, dtype=np.float32),
+              "rows": np.ascontiguousarray(rows, dtype=np.int64)}
+    atomic_write(path, lambda temporary: save_file(arrays, str(temporary)))
+
+
 def write_training_log(output: Path, log) -> None:
     write_json(output / "training_log.json", {"steps": log.steps, "validation": log.validation,
                                               "selected_epoch": log.selected_epoch,
@@ -465,30 +506,54 @@ def evaluate_run(run_dir: Path, dataset_name: str | None = None, data_dir: Path 
     from xmcbench.storage import read_json
 
     registry = registry or build_registry()
-    model, config, label_names = load_model_dir(run_dir, registry)
+    model, config, label_names = load_saved_model(run_dir, registry)
     if dataset_name is None:
         config_path = Path(run_dir) / "config.json"
         if not config_path.exists():
             raise XmcError(f"{run_dir} does not say which dataset it was trained on; pass --dataset")
         dataset_name = read_json(config_path)["dataset"]
+    dataset = open_dataset(registry, dataset_name, data_dir)
+    truth, inv_propensity, label_counts = truth_and_counts_in_vocabulary(dataset, label_names)
+    predictions = predict_saved_model(model, dataset.test_texts, f"{dataset.version}/test", config,
+                                      description="predicting test", tokenizing="tokenizing test")
+    return score(predictions, truth, model, inv_propensity, label_counts)
+
+
+def load_saved_model(run_dir: Path, registry: Registry) -> tuple[XMCModel | WholeMethod, TrainConfig, list[str]]:
+    """The model of a run directory (or of its model/ folder), its config and label names, whichever kind it
+    is: built from components (xmcbench.modelio) or a whole method's (xmcbench.whole_methods)."""
+    if whole_methods.is_whole_method_model(run_dir):
+        return whole_methods.load_model_dir(run_dir, registry)
+    return load_model_dir(run_dir, registry)
+
+
+def predict_saved_model(model: XMCModel | WholeMethod, texts: list[str], texts_key: str | None, config: TrainConfig,
+                        description: str = "predicting", tokenizing: str = "tokenizing") -> Predictions:
+    """The top config.top_k labels of raw texts with a model from load_saved_model. texts_key: the texts'
+    key in the tokenization cache (None: not cached); description, tokenizing: the progress lines' names."""
+    if isinstance(model, WholeMethod):
+        return whole_methods.predict(model, texts, config.top_k)
     set_threads(config)
     device = pick_device(config)
-    dataset = open_dataset(registry, dataset_name, data_dir)
-    truth, inv_propensity = truth_in_vocabulary(dataset, label_names)
-    tokens = tokenize(dataset.test_texts, model.encoder.tokenizer, config.max_length, f"{dataset.version}/test",
-                      description="tokenizing test")
-    predictions = predict(model, tokens, config, device, description="predicting test")
-    return score(predictions, truth, model, inv_propensity)
+    tokens = tokenize(texts, model.encoder.tokenizer, config.max_length, texts_key, description=tokenizing)
+    return predict(model, tokens, config, device, description=description)
 
 
 def truth_in_vocabulary(dataset: Dataset, model_label_names: list[str]) -> tuple[sp.csr_matrix, np.ndarray]:
     """A dataset's test labels (N, L_total) and inverse propensities (L_total,) re-indexed to a model's
     label vocabulary, for scoring a saved model on any dataset that shares its labels."""
-    truth = remap_labels(dataset.test_labels, dataset.label_names, model_label_names)
-    train = remap_labels(dataset.train_labels, dataset.label_names, model_label_names)
-    counts = np.asarray((train > 0).sum(0)).ravel()
-    inv = 1.0 / propensity_scores(counts, len(dataset.train_texts), dataset.propensity_a, dataset.propensity_b)
+    truth, inv, _ = truth_and_counts_in_vocabulary(dataset, model_label_names)
     return truth, inv
+
+
+def truth_and_counts_in_vocabulary(dataset: Dataset, model_label_names: list[str]) \
+        -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
+    """truth_in_vocabulary, plus the training documents per label (L_total,) of the whole training set that
+    the propensities come from (for the frequency bins)."""
+    truth = remap_labels(dataset.test_labels, dataset.label_names, model_label_names)
+    counts = label_document_counts(remap_labels(dataset.train_labels, dataset.label_names, model_label_names))
+    inv = 1.0 / propensity_scores(counts, len(dataset.train_texts), dataset.propensity_a, dataset.propensity_b)
+    return truth, inv, counts
 
 
 def remap_labels(labels: sp.csr_matrix, names: list[str], model_names: list[str]) -> sp.csr_matrix:
@@ -506,12 +571,9 @@ def predict_texts(run_dir: Path, texts: list[str], top_k: int = 5, registry: Reg
     """Top-k labels with scores for raw texts, with a saved model."""
     check_top_k(top_k)
     registry = registry or build_registry()
-    model, config, label_names = load_model_dir(run_dir, registry)
+    model, config, label_names = load_saved_model(run_dir, registry)
     config.top_k = top_k
-    set_threads(config)
-    device = pick_device(config)
-    tokens = tokenize(texts, model.encoder.tokenizer, config.max_length, texts_key=None)
-    predictions = predict(model, tokens, config, device)
+    predictions = predict_saved_model(model, texts, None, config)
     return [{"labels": [label_names[i] for i in row if i >= 0],
              "scores": [round(float(s), 6) for i, s in zip(row, scores) if i >= 0]}
             for row, scores in zip(predictions.labels, predictions.scores)]
