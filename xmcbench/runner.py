@@ -266,13 +266,16 @@ def plan_resume(run_dir: Path) -> Plan:
                        "be resumed, start a new one") from None
 
 
-def environment() -> dict:
+def environment(packages: tuple[str, ...] = ()) -> dict:
+    """environment.json: library versions (`packages`: a method's own backends too, None when missing),
+    platform, GPU, date."""
     versions = {"python": sys.version.split()[0], "xmcbench": xmcbench.__version__}
-    for package in VERSIONED_PACKAGES:
+    for package in VERSIONED_PACKAGES + tuple(packages):
         try:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
-            pass
+            if package in packages:
+                versions[package] = None
     return {"versions": versions, "platform": platform.platform(), "processor": platform.processor(),
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "date": datetime.datetime.now().isoformat(timespec="seconds")}
@@ -376,8 +379,12 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
     if dist.is_main:
         output.mkdir(parents=True, exist_ok=True)
         if not resume:
-            write_run_config(output, plan, dataset, config, clusters, threads, device, train_rows, validation_rows,
-                             registry, dist, model)
+            write_run_config(output, plan, dataset, registry, {
+                "num_labels": dataset.num_labels, "num_clusters": clusters.num_clusters, "flat": clusters.is_flat,
+                "threads": threads, "device": str(device), "processes": dist.world_size,
+                "train_docs": len(train_rows), "validation_docs": len(validation_rows),
+                "encoder_loaded_dtype": model.encoder.loaded_dtype,
+                "parameter_dtype": str(next(model.parameters()).dtype).removeprefix("torch.")})
     stages = training_stages(registry.method(plan.method).stages, config)
     trainer = Trainer(model, train_tokens.subset(train_rows), dataset.train_labels[train_rows], config, device,
                       validate, checkpoint_dir=output / "checkpoints", stages=stages, dist=dist)
@@ -404,43 +411,45 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
     metrics = score(predictions, dataset.test_labels, model, inv_propensity,
                     label_counts=label_document_counts(dataset.train_labels[train_rows]))
     save_model_dir(output / "model", model, config, dataset.label_names[:dataset.num_labels])
+    write_results(output, dataset, metrics, predictions, validation_predictions, validation_rows, train_seconds,
+                  trainer.documents_trained, predict_seconds, resume, device)
+    if not config.keep_checkpoint:
+        shutil.rmtree(output / "checkpoints", ignore_errors=True)
+    return claimed.finish()
+
+
+def write_run_config(output: Path, plan: Plan, dataset: Dataset, registry: Registry, resolved: dict,
+                     packages: tuple[str, ...] = ()) -> None:
+    """config.json (the method, the dataset and its version, every setting, what was derived, and `resolved`:
+    what the run decided, such as threads, device and the training rows) and environment.json."""
+    dataset_ref = plan.dataset if plan.dataset in registry.datasets else str(Path(plan.dataset).resolve())
+    write_json(output / "config.json", {"method": plan.method, "dataset": dataset_ref, "dataset_name": dataset.name,
+                                        "dataset_version": dataset.version, "config": plan.config.to_dict(),
+                                        **plan.describe(), "resolved": resolved})
+    write_json(output / "environment.json", environment(packages))
+
+
+def write_results(output: Path, dataset: Dataset, metrics: dict, predictions: Predictions,
+                  validation_predictions: Predictions | None, validation_rows: np.ndarray, train_seconds: float,
+                  documents_trained: int, predict_seconds: float, resumed: bool, device: torch.device) -> None:
+    """The files every finished run has besides its model: predictions (test, and validation when there is a
+    split), timings.json, data_report.json, and metrics.json last, whose presence marks the run finished."""
     save_predictions(output / "predictions.safetensors", predictions)
     if validation_predictions is not None:
         save_validation_predictions(output / VALIDATION_PREDICTIONS_FILE, validation_predictions.labels,
                                     validation_predictions.scores, validation_rows)
     write_json(output / "timings.json", {
         "train_seconds": train_seconds,
-        "train_ms_per_document": 1000 * train_seconds / max(1, trainer.documents_trained),
-        "documents_trained": trainer.documents_trained,
+        "train_ms_per_document": 1000 * train_seconds / max(1, documents_trained),
+        "documents_trained": documents_trained,
         "predict_seconds": predict_seconds,
         "predict_ms_per_document": 1000 * predict_seconds / max(1, len(dataset.test_texts)),
-        "resumed": resume,
+        "resumed": resumed,
         **peak_memory_mb(device)})
     write_json(output / "data_report.json", dataset.report)
     write_json(output / FINISHED_MARKER, {"dataset": dataset.name, "test_documents": len(dataset.test_texts),
                                           "unseen_test_labels": len(dataset.label_names) - dataset.num_labels,
                                           **metrics})
-    if not config.keep_checkpoint:
-        shutil.rmtree(output / "checkpoints", ignore_errors=True)
-    return claimed.finish()
-
-
-def write_run_config(output, plan, dataset, config, clusters, threads, device, train_rows, validation_rows,
-                     registry, dist: Distributed, model: XMCModel) -> None:
-    dataset_ref = plan.dataset if plan.dataset in registry.datasets else str(Path(plan.dataset).resolve())
-    write_json(output / "config.json", {"method": plan.method, "dataset": dataset_ref, "dataset_name": dataset.name,
-                                        "dataset_version": dataset.version, "config": config.to_dict(),
-                                        **plan.describe(),
-                                        "resolved": {"num_labels": dataset.num_labels,
-                                                     "num_clusters": clusters.num_clusters,
-                                                     "flat": clusters.is_flat, "threads": threads,
-                                                     "device": str(device), "processes": dist.world_size,
-                                                     "train_docs": len(train_rows),
-                                                     "validation_docs": len(validation_rows),
-                                                     "encoder_loaded_dtype": model.encoder.loaded_dtype,
-                                                     "parameter_dtype": str(next(model.parameters()).dtype)
-                                                     .removeprefix("torch.")}})
-    write_json(output / "environment.json", environment())
 
 
 def save_predictions(path: Path, predictions: Predictions) -> None:

@@ -19,7 +19,6 @@ file, or a method no installed plugin provides, ends in one XmcError line.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import shutil
 import time
 from pathlib import Path
@@ -101,7 +100,11 @@ def _fit_and_write(plan, method: type[WholeMethod], claimed: ClaimedRun, dataset
     seed_everything(config.seed)
     train_rows, validation_rows = runner.split_train_rows(dataset, config)
     output.mkdir(parents=True, exist_ok=True)
-    write_run_config(output, plan, method, dataset, config, threads, train_rows, validation_rows, registry)
+    runner.write_run_config(output, plan, dataset, registry, {
+        "num_labels": num_labels, "threads": threads, "device": "cpu", "processes": 1,
+        "train_docs": len(train_rows), "validation_docs": len(validation_rows),
+        "whole_method": f"{method.__module__}.{method.__qualname__}", "deterministic": method.deterministic},
+        packages=method.packages)
 
     started = time.perf_counter()
     model = method.fit([dataset.train_texts[i] for i in train_rows],
@@ -117,49 +120,10 @@ def _fit_and_write(plan, method: type[WholeMethod], claimed: ClaimedRun, dataset
     metrics = runner.score(predictions, dataset.test_labels, None, runner.inverse_propensity(dataset, train_rows),
                            label_counts=runner.label_document_counts(dataset.train_labels[train_rows]))
     save_model_dir(output / "model", model, plan.method, config, dataset.label_names[:num_labels])
-    runner.save_predictions(output / "predictions.safetensors", predictions)
-    if validation_predictions is not None:
-        runner.save_validation_predictions(output / runner.VALIDATION_PREDICTIONS_FILE, validation_predictions.labels,
-                                           validation_predictions.scores, validation_rows)
-    write_json(output / "timings.json", {
-        "train_seconds": train_seconds,
-        # one pass over the training documents: the ms/document/epoch of a component method's run
-        "train_ms_per_document": 1000 * train_seconds / max(1, len(train_rows)),
-        "documents_trained": len(train_rows),
-        "predict_seconds": predict_seconds,
-        "predict_ms_per_document": 1000 * predict_seconds / max(1, len(dataset.test_texts)),
-        "resumed": False,
-        **runner.peak_memory_mb(torch.device("cpu"))})
-    write_json(output / "data_report.json", dataset.report)
-    write_json(output / runner.FINISHED_MARKER, {"dataset": dataset.name, "test_documents": len(dataset.test_texts),
-                                                 "unseen_test_labels": len(dataset.label_names) - num_labels,
-                                                 **metrics})
+    # one pass over the training documents: the ms/document/epoch of a component method's run
+    runner.write_results(output, dataset, metrics, predictions, validation_predictions, validation_rows, train_seconds,
+                         len(train_rows), predict_seconds, False, torch.device("cpu"))
     return claimed.finish()
-
-
-def write_run_config(output: Path, plan, method: type[WholeMethod], dataset: Dataset, config: TrainConfig,
-                     threads: int, train_rows: np.ndarray, validation_rows: np.ndarray, registry: Registry) -> None:
-    """config.json (the keys of a component method's run that apply) and environment.json (with the
-    backends' versions)."""
-    from xmcbench.runner import environment
-
-    dataset_ref = plan.dataset if plan.dataset in registry.datasets else str(Path(plan.dataset).resolve())
-    write_json(output / "config.json", {"method": plan.method, "dataset": dataset_ref, "dataset_name": dataset.name,
-                                        "dataset_version": dataset.version, "config": config.to_dict(),
-                                        **plan.describe(),
-                                        "resolved": {"num_labels": dataset.num_labels, "threads": threads,
-                                                     "device": "cpu", "processes": 1,
-                                                     "train_docs": len(train_rows),
-                                                     "validation_docs": len(validation_rows),
-                                                     "whole_method": f"{method.__module__}.{method.__qualname__}",
-                                                     "deterministic": method.deterministic}})
-    recorded = environment()
-    for package in method.packages:
-        try:
-            recorded["versions"][package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            recorded["versions"][package] = None
-    write_json(output / "environment.json", recorded)
 
 
 # -- the model folder -------------------------------------------------------------------------------
