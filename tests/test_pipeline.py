@@ -44,6 +44,8 @@ def test_run_trains_predicts_scores_and_reloads(registry, tiny_model_dir, tiny_d
     for name in ("loss.png", "timings.json", "environment.json", "model/weights.safetensors",
                  "model/model.json", "model/labels.json", "model/encoder/tokenizer.json"):
         assert (run_dir / name).exists(), name
+    timings = json.loads((run_dir / "timings.json").read_text())
+    assert timings["model_bytes"] == (run_dir / "model" / "weights.safetensors").stat().st_size
 
     # a reloaded model predicts exactly what the trained one predicted
     saved = load_file(str(run_dir / "predictions.safetensors"))

@@ -270,3 +270,15 @@ def test_head_and_tail_table_and_figure(results, tmp_path):
     (results / "lightxml" / "seed0" / "metrics.json").write_text(json.dumps(metrics))
     rows = report.summarize_frequency_bins(report.load_runs([results], log=lambda line: None))[0]["rows"]
     assert {row["method"]: row["n_seeds"] for row in rows} == {"lightxml": 2, "lightxml-static": 3}
+
+
+def test_model_size_falls_back_to_the_size_recorded_when_the_run_finished(results):
+    """Runs trained on another machine and copied without their weights still report their model size."""
+    seed0 = results / "lightxml" / "seed0"
+    (seed0 / "model" / "weights.safetensors").unlink()
+    timings = json.loads((seed0 / "timings.json").read_text())
+    (seed0 / "timings.json").write_text(json.dumps({**timings, "model_bytes": 3 * 2**20}))
+    (results / "lightxml" / "seed1" / "model" / "weights.safetensors").unlink()   # and nothing recorded
+    sizes = {run.seed: run.values().get("model_mb") for run in report.load_runs([results], log=lambda line: None)
+             if run.method == "lightxml"}
+    assert sizes == {0: 3.0, 1: None, 2: 100 / 1024}

@@ -220,6 +220,8 @@ def test_a_run_writes_the_run_directory_of_any_method(run_dirs, registry, datase
     assert config["resolved"]["train_docs"] == 48 and config["resolved"]["validation_docs"] == 12
     timings = json.loads((run_dir / "timings.json").read_text())
     assert {"train_seconds", "train_ms_per_document", "predict_ms_per_document"} <= set(timings)
+    assert timings["model_bytes"] == sum(f.stat().st_size for f in (run_dir / "model" / "method").rglob("*")
+                                         if f.is_file()) > 0
     assert is_whole_method_model(run_dir) and not pickles_in(run_dir / "model")
 
 

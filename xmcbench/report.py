@@ -27,6 +27,7 @@ import numpy as np
 from xmcbench.config import TrainConfig
 from xmcbench.errors import XmcError
 from xmcbench.registry import closest_names_hint
+from xmcbench.rundir import model_bytes
 from xmcbench.storage import atomic_write
 
 __all__ = ["RunResult", "load_runs", "find_run_dirs", "summarize", "render_table", "plot_loss_curves",
@@ -64,7 +65,7 @@ class RunResult:
     timings: dict
     environment: dict
     losses: list[dict]     # training_log.json steps: {"step", "epoch", "loss", ...}
-    model_bytes: int       # size of model/weights.safetensors, or of a whole method's model/method/ (0 if absent)
+    model_bytes: int       # rundir.model_bytes, else the size timings.json recorded when the run finished (0 if neither)
     frequency_bins: dict | None = None   # metrics.json "frequency_bins" (xmcbench.metrics.evaluate), if recorded
 
     @property
@@ -132,7 +133,7 @@ def read_run(path: Path) -> RunResult:
     if not isinstance(metrics, dict):
         raise XmcError(f"{path / 'metrics.json'} does not hold a table of metrics")
     log = _read(path / "training_log.json", required=False)
-    weights = path / "model" / "weights.safetensors"
+    timings = _read(path / "timings.json", required=False)
     seed = config["config"].get("seed", 0)
     return RunResult(
         path=path, method=str(config["method"]),
@@ -140,10 +141,10 @@ def read_run(path: Path) -> RunResult:
         seed=int(seed) if _is_number(seed) else 0, config=config,
         metrics={key: float(value) for key, value in metrics.items()
                  if key not in NOT_METRICS and _is_number(value)},
-        timings=_read(path / "timings.json", required=False),
+        timings=timings,
         environment=_read(path / "environment.json", required=False),
         losses=list(log.get("steps", [])) if isinstance(log, dict) else [],
-        model_bytes=weights.stat().st_size if weights.is_file() else _whole_method_bytes(path),
+        model_bytes=model_bytes(path) or _recorded_model_bytes(timings),
         frequency_bins=_frequency_bins_of(metrics.get("frequency_bins")))
 
 
@@ -161,11 +162,11 @@ def _frequency_bins_of(recorded: Any) -> dict | None:
     return recorded
 
 
-def _whole_method_bytes(path: Path) -> int:
-    """A whole method's model size: the files its save wrote (model/method/, xmcbench.whole_methods), as a
-    component model's is its weights file; 0 if absent."""
-    folder = path / "model" / "method"
-    return sum(file.stat().st_size for file in folder.rglob("*") if file.is_file()) if folder.is_dir() else 0
+def _recorded_model_bytes(timings: Any) -> int:
+    """The model size a run recorded when it finished, for runs whose model files were since removed or never
+    copied (runs trained on another machine); 0 if not recorded."""
+    recorded = timings.get("model_bytes") if isinstance(timings, dict) else None
+    return int(recorded) if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0 else 0
 
 
 def load_runs(paths: list[Path], log: Callable[[str], None] | None = None) -> list[RunResult]:

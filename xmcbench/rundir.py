@@ -144,3 +144,13 @@ def _lock_marker(folder: Path):
         raise XmcError(f"another xmcbench process is writing {folder}; wait for it to end or choose another "
                        "--output") from None
     return handle
+
+
+def model_bytes(run_dir: Path) -> int:
+    """The size of a run's model: model/weights.safetensors for a component method, every file a whole method's
+    save wrote (model/method/) for a whole method; 0 if neither is there."""
+    weights = Path(run_dir) / "model" / "weights.safetensors"
+    if weights.is_file():
+        return weights.stat().st_size
+    folder = Path(run_dir) / "model" / "method"
+    return sum(file.stat().st_size for file in folder.rglob("*") if file.is_file()) if folder.is_dir() else 0

@@ -37,7 +37,7 @@ from xmcbench.checkpoint import load_checkpoint
 from xmcbench.pipeline import Predictions, Trainer, TrainingInterrupted, XMCModel, pick_device, predict, \
     recalled_truth, seed_everything, set_threads
 from xmcbench.registry import COMPONENT_KINDS, Registry, build_registry
-from xmcbench.rundir import ClaimedRun, claim_existing, claim_output
+from xmcbench.rundir import ClaimedRun, claim_existing, claim_output, model_bytes
 from xmcbench.storage import atomic_write, cache_dir, fingerprint, write_json
 from xmcbench.tokenization import load_tokenizer, tokenize
 
@@ -445,6 +445,7 @@ def write_results(output: Path, dataset: Dataset, metrics: dict, predictions: Pr
         "predict_seconds": predict_seconds,
         "predict_ms_per_document": 1000 * predict_seconds / max(1, len(dataset.test_texts)),
         "resumed": resumed,
+        "model_bytes": model_bytes(output),   # so reports can give the size when the model files stay elsewhere
         **peak_memory_mb(device)})
     write_json(output / "data_report.json", dataset.report)
     write_json(output / FINISHED_MARKER, {"dataset": dataset.name, "test_documents": len(dataset.test_texts),
