@@ -49,13 +49,14 @@ def main() -> None:
     device = pick_device(config)
     dataset_name = args.dataset or json.loads((run_dir / "config.json").read_text())["dataset"]
     dataset = runner.open_dataset(registry, dataset_name)
-    truth, inv_propensity = runner.truth_in_vocabulary(dataset, label_names)
+    truth = runner.remap_labels(dataset.test_labels, dataset.label_names, label_names)
+    weights = runner.propensities(dataset, config, label_names)
     tokens = tokenize(dataset.test_texts, model.encoder.tokenizer, config.max_length, f"{dataset.version}/test",
                       description="tokenizing test")
 
     def score(candidate) -> tuple[dict, np.ndarray]:
         found = predict(candidate, tokens, config, device, description="predicting test")
-        return runner.score(found, truth, candidate, inv_propensity), found.labels[:, :5]
+        return runner.score(found, truth, candidate, weights, config.eval_ks), found.labels[:, :5]
 
     started = time.perf_counter()
     results = {"float32": (*score(model), (run_dir / "model" / "weights.safetensors").stat().st_size)}

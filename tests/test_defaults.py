@@ -9,6 +9,7 @@ import scipy.sparse as sp
 from typer.testing import CliRunner
 
 from xmcbench import defaults, runner
+from xmcbench.config import TrainConfig
 from xmcbench.cli import app
 from xmcbench.defaults import DatasetStatistics, DeviceFacts, dataset_statistics, derive_settings
 from xmcbench.registry import build_registry
@@ -152,4 +153,4 @@ def test_a_run_records_what_was_derived_and_from_what(registry, tiny_model_dir, 
     assert set(recorded["derived"]) == set(plan.derived) and "epochs" not in recorded["derived"]
     for key, derived in recorded["derived"].items():
         assert recorded["config"][key] == derived["value"] and derived["source"] and derived["why"]
-    assert recorded["config"] == plan.config.to_dict()   # what --resume and compare read back
+    assert TrainConfig.from_dict(recorded["config"]) == plan.config   # what --resume and compare read back

@@ -179,8 +179,8 @@ def test_ensemble_metrics_from_saved_predictions_equal_evaluate_rescoring(runs, 
 
     # re-scoring by predicting with every member model gives the same metrics
     rescored = ensemble.evaluate_ensemble(directory, registry=registry)
-    assert {k: v for k, v in rescored.items() if k != "frequency_bins"} == pytest.approx(floats)
-    assert rescored["frequency_bins"] == saved["frequency_bins"]
+    assert {k: v for k, v in rescored.items() if isinstance(v, float)} == pytest.approx(floats)
+    assert rescored["frequency_bins"] == saved["frequency_bins"] and rescored["propensity"] == saved["propensity"]
     result = cli.invoke(app, ["evaluate", str(directory)])
     assert result.exit_code == 0 and result.stdout.strip() == format_metrics(rescored)
 
@@ -304,13 +304,10 @@ def test_runs_save_validation_predictions_and_frequency_bins(hybrid):
     assert sum(b["PSP@5_contribution"] for b in bins["bins"]) == pytest.approx(metrics["PSP@5"])
     assert sum(b["labels"] for b in bins["bins"]) == len(json.loads((member / "model" / "labels.json").read_text()))
 
-    # an ensemble scores with its members' shared training rows, as they scored themselves: the member's own
-    # test predictions, scored as an ensemble's, give the member's metrics, PSP@5 and bins included
+    # an ensemble scores with the propensities every run uses, as its members scored themselves: the member's
+    # own test predictions, scored as an ensemble's, give the member's metrics, PSP@5 and bins included
     dataset = load_dataset_from_path(hybrid["dataset"])
     members = [ensemble.read_member(path) for path in hybrid["members"]]
-    training_rows, _ = runner.split_train_rows(dataset, config)
-    assert ensemble.shared_training_rows(members, dataset).tolist() == training_rows.tolist()
-    assert ensemble.shared_training_rows([members[0], ensemble.read_member(hybrid["other_seed"])], dataset) is None
     scored = ensemble._score(load_file(str(member / "predictions.safetensors"))["labels"], dataset, members)
     assert {key: scored[key] for key in ("P@5", "PSP@5", "nDCG@5")} == \
         pytest.approx({key: metrics[key] for key in ("P@5", "PSP@5", "nDCG@5")})
@@ -349,8 +346,9 @@ def test_weighted_ensemble_round_trip(hybrid, tmp_path):
     metrics = json.loads((directory / "metrics.json").read_text())
     assert metrics["fusion"] == "weighted" and metrics["metrics_from"] == "saved predictions"
     rescored = ensemble.evaluate_ensemble(directory, registry=registry)
-    assert {k: v for k, v in rescored.items() if k != "frequency_bins"} == \
+    assert {k: v for k, v in rescored.items() if isinstance(v, float)} == \
         pytest.approx({k: v for k, v in metrics.items() if isinstance(v, float)})
+    assert rescored["propensity"] == metrics["propensity"]
     texts = (hybrid["dataset"] / "test_texts.txt").read_text().splitlines()
     names = json.loads((members[0] / "model" / "labels.json").read_text())
     found = ensemble.predict_texts(directory, texts, top_k=3, registry=registry)

@@ -64,6 +64,93 @@ def test_psp_hand_example():
     assert m["PSnDCG@3"] == pytest.approx(100 * (3.5 + 2) / ((3 + 1 / L3) + (6 + 2 / L3)))
 
 
+def test_psr_hand_example():
+    m = evaluate(PREDICTED, TRUTH, ks=(1, 3), inv_propensity=INV_PROP)
+    # PSR@1: hits over |y|: doc0 w2 / 2 = 1.5, doc1 w1 / 2 = 1, doc2 0 -> 2.5;
+    #        ideal best 1 over |y|: doc0 max(1, 3) / 2 = 1.5, doc1 max(2, 6) / 2 = 3 -> 4.5
+    assert m["PSR@1"] == pytest.approx(100 * 2.5 / 4.5)
+    # PSR@3: doc0 (3 + 1) / 2, doc1 2 / 2 -> 3; ideal (k >= |y|: all relevant labels) (3 + 1) / 2 + (6 + 2) / 2 = 6
+    assert m["PSR@3"] == pytest.approx(50.0)
+    assert "PSR@1" not in evaluate(PREDICTED, TRUTH, ks=(1,))
+
+
+def pyxclib_reference(predicted, truth, inv, k):
+    """pyxclib's xc_metrics (precision, ndcg, psprecision, psndcg, recall, psrecall at k) written out with
+    dense numpy, as its code computes them: top-k ids padded with the extra column L (truth 0, weight 0),
+    the ideal ranking = the top k of truth * inv per row, recall divided by max(|y|, 1) over all rows."""
+    num_docs, num_labels = truth.shape
+    truth = np.hstack([truth, np.zeros((num_docs, 1))])
+    inv = np.append(inv, 0.0)
+    indices = np.where(predicted[:, :k] >= 0, predicted[:, :k], num_labels)
+    flags = np.take_along_axis(truth, indices, axis=1)
+    weighted = truth * inv
+    ps_indices = np.argsort(-weighted, axis=1, kind="stable")[:, :k]
+    ps_flags = np.take_along_axis(truth, ps_indices, axis=1) * inv[ps_indices]
+    w_flags = flags * inv[indices]
+    total = truth.sum(axis=1).astype(int)
+    unit = np.cumsum(1 / np.log2(np.arange(1, max(total.max(), k) + 1) + 1))
+    n = unit[total - 1]                                     # pyxclib: index -1 for docs without labels
+
+    def prec(f):
+        return np.mean(f.sum(axis=1) / k)
+
+    def ndcg(f):
+        dcg = (f / np.log2(np.arange(k) + 2)).sum(axis=1)
+        return np.mean(dcg / np.minimum(n, unit[k - 1]))
+
+    deno = 1 / np.maximum(total, 1)
+
+    def rec(f):
+        return np.mean(f.sum(axis=1) * deno)
+
+    return {f"P@{k}": 100 * prec(flags), f"nDCG@{k}": 100 * ndcg(flags),
+            f"PSP@{k}": 100 * prec(w_flags) / prec(ps_flags), f"PSnDCG@{k}": 100 * ndcg(w_flags) / ndcg(ps_flags),
+            f"pyxclib-R@{k}": 100 * rec(flags), f"PSR@{k}": 100 * rec(w_flags) / rec(ps_flags)}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_metrics_match_pyxclib_formulas_up_to_large_k(seed):
+    rng = np.random.default_rng(seed)
+    num_docs, num_labels, ks = 60, 300, (1, 3, 5, 10, 100)
+    truth_sets = [rng.choice(num_labels, size=rng.integers(0 if seed else 1, 40), replace=False)
+                  for _ in range(num_docs)]
+    truth = csr([sorted(s.tolist()) for s in truth_sets], num_labels)
+    # rankings that hit often: the relevant labels shuffled among random others; some rows end in empty slots
+    predicted = np.empty((num_docs, 100), dtype=np.int64)
+    for i, labels in enumerate(truth_sets):
+        others = rng.permutation(np.setdiff1d(np.arange(num_labels), labels))
+        row = rng.permutation(np.concatenate([labels, others[:100]]))[:100]
+        predicted[i] = row
+    predicted[::7, 80:] = -1
+    inv = 1.0 / propensity_scores(rng.integers(0, 50, num_labels), 1000)
+    got = evaluate(predicted, truth, ks=ks, inv_propensity=inv)
+    dense = truth.toarray()
+    for k in ks:
+        want = pyxclib_reference(predicted, dense, inv, k)
+        for key in ("P", "nDCG", "PSP", "PSnDCG", "PSR"):
+            assert got[f"{key}@{k}"] == pytest.approx(want[f"{key}@{k}"], rel=1e-9), (key, k)
+        # pyxclib's recall() counts docs without labels as 0; ours, like its fast_recall, leaves them out
+        labelled = np.array([len(s) > 0 for s in truth_sets])
+        mine = evaluate(predicted[labelled], truth[labelled], ks=(k,))[f"R@{k}"]
+        assert mine == pytest.approx(pyxclib_reference(predicted[labelled], dense[labelled], inv, k)[f"pyxclib-R@{k}"])
+
+
+def test_large_k_builds_no_dense_cumulative_arrays():
+    """R@k and PSR@k at k = 1000 on 5,000 documents: sums only at the cut-offs."""
+    import time
+
+    rng = np.random.default_rng(0)
+    num_docs, num_labels, k = 5_000, 50_000, 1000
+    truth = csr([rng.choice(num_labels, size=rng.integers(1, 20), replace=False).tolist() for _ in range(num_docs)],
+                num_labels)
+    predicted = np.stack([rng.choice(num_labels, size=k, replace=False) for _ in range(num_docs)])
+    started = time.perf_counter()
+    m = evaluate(predicted, truth, ks=(1, 5, 100, k), inv_propensity=np.ones(num_labels))
+    assert time.perf_counter() - started < 20   # generous: a shared 2-core machine
+    # weights all 1 and k >= every |y|: the ideal recall is 1 per labelled doc, so PSR@k = R@k
+    assert np.diff(truth.indptr).max() <= k and m[f"PSR@{k}"] == pytest.approx(m[f"R@{k}"])
+
+
 def test_coverage_hand_example():
     recalled = csr([[0, 2], [1], []], 6)
     m = evaluate(PREDICTED, TRUTH, ks=(1,), recalled_truth=recalled)
@@ -76,7 +163,8 @@ def test_coverage_hand_example():
 def test_keys_and_order():
     m = evaluate(PREDICTED, TRUTH, ks=(3, 1), inv_propensity=INV_PROP, recalled_truth=TRUTH)
     assert list(m) == [
-        "P@1", "P@3", "nDCG@1", "nDCG@3", "PSP@1", "PSP@3", "PSnDCG@1", "PSnDCG@3", "R@1", "R@3", "coverage",
+        "P@1", "P@3", "nDCG@1", "nDCG@3", "PSP@1", "PSP@3", "PSnDCG@1", "PSnDCG@3", "R@1", "R@3", "PSR@1", "PSR@3",
+        "coverage",
     ]
     assert all(isinstance(v, float) for v in m.values())
 
@@ -268,7 +356,7 @@ def brute_force(predicted, truth_sets, ks, inv):
     n = len(truth_sets)
     out = {}
     for k in ks:
-        p = ndcg = psp_num = psp_den = psn_num = psn_den = 0.0
+        p = ndcg = psp_num = psp_den = psn_num = psn_den = psr_num = psr_den = 0.0
         recalls = []
         for row, rel in zip(predicted, truth_sets):
             top = list(row[:k])
@@ -283,6 +371,8 @@ def brute_force(predicted, truth_sets, ks, inv):
             ideal = sorted((inv[l] for l in rel), reverse=True)[:k]
             psp_num += sum(gains) / k
             psp_den += sum(ideal) / k
+            psr_num += sum(gains) / max(len(rel), 1)
+            psr_den += sum(ideal) / max(len(rel), 1)
             if idcg:
                 psn_num += sum(g / math.log2(r + 2) for r, g in enumerate(gains)) / idcg
                 psn_den += sum(g / math.log2(r + 2) for r, g in enumerate(ideal)) / idcg
@@ -291,6 +381,7 @@ def brute_force(predicted, truth_sets, ks, inv):
         out[f"PSP@{k}"] = 100 * psp_num / psp_den if psp_den else 0.0
         out[f"PSnDCG@{k}"] = 100 * psn_num / psn_den if psn_den else 0.0
         out[f"R@{k}"] = 100 * sum(recalls) / len(recalls) if recalls else 0.0
+        out[f"PSR@{k}"] = 100 * psr_num / psr_den if psr_den else 0.0
     return out
 
 

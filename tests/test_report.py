@@ -93,7 +93,10 @@ def test_means_and_sample_stds_over_seeds(runs):
     assert [r["method"] for r in rows] == ["lightxml", "lightxml-static"]
     for method, row in by_method(rows).items():
         assert row["n_seeds"] == 3 and row["seeds"] == [0, 1, 2] and row["vs_baseline"] is None
+        assert "nDCG@1" not in row["stats"]   # always equal to P@1: no column of its own
         for name in COLUMNS:
+            if name == "nDCG@1":
+                continue
             assert row["stats"][name]["mean"] == pytest.approx(statistics.mean(column(method, name)))
             assert row["stats"][name]["std"] == pytest.approx(statistics.stdev(column(method, name)))
         assert row["stats"]["train_seconds"]["mean"] == pytest.approx(statistics.mean(TRAIN_SECONDS[method]))
@@ -133,7 +136,7 @@ def test_unknown_baseline_is_one_line(runs):
 
 def test_best_value_per_column_including_lower_is_better(runs):
     rows = by_method(report.summarize(runs))
-    assert set(COLUMNS) <= set(rows["lightxml"]["best"])             # every metric is higher for lightxml
+    assert set(COLUMNS) - {"nDCG@1"} <= set(rows["lightxml"]["best"])   # every metric is higher for lightxml
     assert "predict_ms_per_document" in rows["lightxml"]["best"]     # 2.0 < 2.1 ms: lower is better
     assert "model_mb" in rows["lightxml"]["best"] and "peak_rss_mb" in rows["lightxml"]["best"]
     assert rows["lightxml-static"]["best"] == ["train_seconds"]      # 508 s < 610 s
@@ -282,3 +285,55 @@ def test_model_size_falls_back_to_the_size_recorded_when_the_run_finished(result
     sizes = {run.seed: run.values().get("model_mb") for run in report.load_runs([results], log=lambda line: None)
              if run.method == "lightxml"}
     assert sizes == {0: 3.0, 1: None, 2: 100 / 1024}
+
+
+def add_more_metrics(results):
+    """Give every fixture run R@k, PSR@k and PSnDCG@k at k = 1, 3, 5, 10 and P@10, PSP@10 (value: 10 * k plus
+    the seed, plus 1 for lightxml), and the propensity record of metrics.json."""
+    for method in ("lightxml", "lightxml-static"):
+        for seed in range(3):
+            path = results / method / f"seed{seed}" / "metrics.json"
+            metrics = json.loads(path.read_text())
+            bonus = seed + (1 if method == "lightxml" else 0)
+            for k in (1, 3, 5, 10):
+                for family in ("R", "PSR", "PSnDCG"):
+                    metrics[f"{family}@{k}"] = 10.0 * k + bonus
+            metrics.update({"P@10": 30.0 + bonus, "PSP@10": 40.0 + bonus, "nDCG@10": 50.0 + bonus,
+                            "propensity": {"a": 0.55, "b": 1.5, "train_documents": 4244}})
+            path.write_text(json.dumps(metrics))
+
+
+def test_every_recorded_metric_family_gets_a_column(results, tmp_path):
+    add_more_metrics(results)
+    runs = report.load_runs([results], log=lambda line: None)
+    rows = by_method(report.summarize(runs, baseline="lightxml"))
+    stats = rows["lightxml"]["stats"]
+    assert stats["PSR@10"]["mean"] == pytest.approx(102.0) and stats["R@3"]["std"] == pytest.approx(1.0)
+    assert rows["lightxml-static"]["vs_baseline"]["PSR@5"]["diff"] == pytest.approx(-1.0)
+    assert "PSR@10" in rows["lightxml"]["best"] and "nDCG@1" not in stats
+    # the main table: P@1/3/5 and PSP@1/3/5 (and coverage, costs); everything else in "more metrics" tables
+    main = report.render_table(list(rows.values()), "github").splitlines()[0]
+    assert "PSP@5" in main and "P@10" not in main and "nDCG" not in main and "R@1" not in main
+    tables = dict(report.more_tables(list(rows.values())))
+    assert tables == {
+        "nDCG@k and PSnDCG@k": ["nDCG@3", "nDCG@5", "nDCG@10", "PSnDCG@1", "PSnDCG@3", "PSnDCG@5", "PSnDCG@10"],
+        "R@k and PSR@k": ["R@1", "R@3", "R@5", "R@10", "PSR@1", "PSR@3", "PSR@5", "PSR@10"],
+        "P@k and PSP@k at further k": ["P@10", "PSP@10"]}
+    text = report.write_report(runs, tmp_path / "report", baseline="lightxml").read_text()
+    assert "More metrics: R@k and PSR@k" in text and " PSR@10 |" in text and " nDCG@1 |" not in text
+    assert "A=0.55, B=1.5, 4244 training documents" in text
+    assert "More metrics: nDCG@k and PSnDCG@k" in (tmp_path / "report" / "table.md").read_text()
+    parsed = json.loads(report.render_table(list(rows.values()), "json"))
+    assert "PSR@10" in parsed["columns"] and "nDCG@1" not in parsed["columns"]
+
+
+def test_runs_written_before_a_setting_existed_are_no_variant(results, tmp_path):
+    """A config.json without eval_ks (an older run) groups with one that records its default."""
+    path = results / "lightxml" / "seed0" / "config.json"
+    config = json.loads(path.read_text())
+    config["config"]["eval_ks"] = [1, 3, 5]
+    path.write_text(json.dumps(config))
+    rows = report.summarize(report.load_runs([results], log=lambda line: None))
+    assert [(r["method"], r["n_seeds"]) for r in rows] == [("lightxml", 3), ("lightxml-static", 3)]
+    text = report.write_report(report.load_runs([results], log=lambda line: None), tmp_path / "r").read_text()
+    assert "eval_ks" not in text and "not recorded (written by an older xmcbench" in text

@@ -235,8 +235,7 @@ def test_metrics_and_predictions_come_from_the_shared_code(run_dirs, registry, d
     assert saved["labels"].dtype == np.int64 and saved["scores"].dtype == np.float32
     assert saved["labels"].shape == (20, the_plan.config.top_k)
     expected = runner.score(runner.Predictions(saved["labels"], saved["scores"], None), dataset.test_labels, None,
-                            runner.inverse_propensity(dataset, train_rows),
-                            label_counts=runner.label_document_counts(dataset.train_labels[train_rows]))
+                            runner.propensities(dataset, the_plan.config), the_plan.config.eval_ks)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert all(metrics[key] == pytest.approx(value) for key, value in expected.items() if isinstance(value, float))
     validation = load_file(str(run_dir / runner.VALIDATION_PREDICTIONS_FILE))

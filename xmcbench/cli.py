@@ -14,6 +14,7 @@ from tabulate import tabulate
 from xmcbench import ensemble, runner
 from xmcbench.distributed import is_main_process
 from xmcbench.errors import XmcError
+from xmcbench.formats import FormatOptions
 from xmcbench.metrics import format_metrics
 from xmcbench.pipeline import TrainingInterrupted
 from xmcbench.registry import build_registry
@@ -22,12 +23,28 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Benchmark extreme multi-label text classifiers; LightXML is the reference method.")
 
 DatasetOption = typer.Option(None, "--dataset", "-d",
-                             help=f"registered dataset name or a folder in the raw-text layout "
+                             help=f"registered dataset name, or a folder or file in a data format "
+                                  f"(`xmcbench formats`, docs/data-formats.md) "
                                   f"[default: {runner.DEFAULT_DATASET}]")
 SetOption = typer.Option(None, "--set", "-s", help="override a setting, key=value (repeatable)")
 ConfigOption = typer.Option(None, "--config", help="TOML or JSON file of settings")
 DataDirOption = typer.Option(None, "--data-dir", help="folder holding user-provided datasets "
                                                       "[env: XMCBENCH_DATA_DIR]")
+# How a folder or file given as --dataset is read (xmcbench.formats, docs/data-formats.md).
+DataFormatOption = typer.Option(None, "--format", "--data-format",
+                                help="data format of the --dataset path (`xmcbench formats` lists them) "
+                                     "[default: detected]")
+CompareDataFormatOption = typer.Option(None, "--data-format", help="data format of the --dataset path "
+                                                                  "(`xmcbench formats`) [default: detected]")
+TextColumnOption = typer.Option(None, "--text-column", help="column holding the document text [default: text]")
+LabelColumnOption = typer.Option(None, "--label-column", help="column holding the labels [default: labels or label]")
+LabelSeparatorOption = typer.Option(None, "--label-separator",
+                                    help="character between labels in a label cell [default: '|' if a cell has "
+                                         "one, else ',' if a cell has one, else whitespace]")
+IdColumnOption = typer.Option(None, "--id-column", help="column of document ids: --test-size keeps each id's rows "
+                                                        "on one side")
+TestSizeOption = typer.Option(None, "--test-size", help="split a single file: the share (e.g. 0.2) or number of "
+                                                        "rows that become the test set (seeded)")
 FusionOption = typer.Option("sum", "--fusion", help="sum: raw scores summed (the paper's rule, one method family); "
                                                     "weighted: each member's scores normalised by its validation "
                                                     "scores, weights chosen on the validation rows (mixed families)")
@@ -47,11 +64,17 @@ def run_command(method: Optional[str] = typer.Argument(None, help="method name, 
                 print_config: bool = typer.Option(False, "--print-config",
                                                   help="print the resolved configuration and stop"),
                 resume: Optional[Path] = typer.Option(None, "--resume",
-                                                      help="continue an interrupted run from its last checkpoint")):
+                                                      help="continue an interrupted run from its last checkpoint"),
+                data_format: Optional[str] = DataFormatOption, text_column: Optional[str] = TextColumnOption,
+                label_column: Optional[str] = LabelColumnOption,
+                label_separator: Optional[str] = LabelSeparatorOption,
+                id_column: Optional[str] = IdColumnOption, test_size: Optional[float] = TestSizeOption):
     """Train METHOD on a dataset, predict its test set, score it and write a run directory."""
     registry = build_registry()
+    reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size)
     if resume is not None:
-        if method or dataset or set_options or config_file or output or seed is not None or threads is not None:
+        if method or dataset or set_options or config_file or output or seed is not None or threads is not None \
+                or reading != FormatOptions():
             raise XmcError("--resume takes only the run directory: the run's settings are in its config.json")
         plan = runner.plan_resume(resume)
         output = resume
@@ -59,7 +82,7 @@ def run_command(method: Optional[str] = typer.Argument(None, help="method name, 
         raise XmcError("name a method (e.g. `xmcbench run lightxml`) or --resume RUN_DIR")
     else:
         options = list(set_options or []) + ([f"threads={threads}"] if threads is not None else [])
-        plan = runner.plan_run(registry, method, dataset, config_file, options, seed, data_dir)
+        plan = plan_with_reading(registry, reading, method, dataset, config_file, options, seed, data_dir)
     if print_config:
         typer.echo(json.dumps(describe_plan(plan), indent=2))
         return
@@ -77,11 +100,37 @@ def run_command(method: Optional[str] = typer.Argument(None, help="method name, 
 @app.command("config")
 def config_command(method: str = typer.Argument(...), dataset: Optional[str] = DatasetOption,
                    set_options: Optional[List[str]] = SetOption, config_file: Optional[Path] = ConfigOption,
-                   seed: Optional[int] = typer.Option(None, "--seed"), data_dir: Optional[Path] = DataDirOption):
+                   seed: Optional[int] = typer.Option(None, "--seed"), data_dir: Optional[Path] = DataDirOption,
+                   data_format: Optional[str] = DataFormatOption, text_column: Optional[str] = TextColumnOption,
+                   label_column: Optional[str] = LabelColumnOption,
+                   label_separator: Optional[str] = LabelSeparatorOption,
+                   id_column: Optional[str] = IdColumnOption, test_size: Optional[float] = TestSizeOption):
     """Print the fully resolved configuration of a run without running it: every setting, and for a dataset
     without a preset, the settings derived from its statistics with what each follows from."""
-    plan = runner.plan_run(build_registry(), method, dataset, config_file, list(set_options or []), seed, data_dir)
+    reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size)
+    plan = plan_with_reading(build_registry(), reading, method, dataset, config_file, list(set_options or []), seed,
+                             data_dir)
     typer.echo(json.dumps(describe_plan(plan), indent=2))
+
+
+def format_options(data_format: str | None, text_column: str | None, label_column: str | None,
+                   label_separator: str | None, id_column: str | None, test_size: float | None) -> FormatOptions:
+    """The reading options of a --dataset path, as one FormatOptions."""
+    return FormatOptions(format_name=data_format, text_column=text_column, label_column=label_column,
+                         label_separator=label_separator, id_column=id_column, test_size=test_size)
+
+
+def plan_with_reading(registry, reading: FormatOptions, method: str, dataset: str | None, config_file: Path | None,
+                      set_options: list[str], seed: int | None, data_dir: Path | None) -> runner.Plan:
+    """runner.plan_run, with the dataset read first when reading options are given; the plan keeps it, so the
+    run reads it with those options (their values are part of the dataset's version)."""
+    loaded = None
+    if reading != FormatOptions():
+        loaded = runner.open_dataset(registry, dataset or runner.DEFAULT_DATASET, data_dir, reading)
+    plan = runner.plan_run(registry, method, dataset, config_file, set_options, seed, data_dir, loaded=loaded)
+    plan.loaded = plan.loaded or loaded
+    plan.reading = reading   # config.json records it, so --resume, evaluate and rescore read the path alike
+    return plan
 
 
 def describe_plan(plan: runner.Plan) -> dict:
@@ -93,7 +142,13 @@ def predict_command(run_dir: Path = typer.Argument(..., help="a run directory (o
                                                             "ensemble directory"),
                     input_file: Optional[Path] = typer.Option(None, "--input", "-i",
                                                               help="texts, one per line [default: stdin]"),
-                    top_k: int = typer.Option(5, "--top-k", "-k")):
+                    top_k: int = typer.Option(5, "--top-k", "-k"),
+                    ids_file: Optional[Path] = typer.Option(None, "--ids", help="document ids, one per line, aligned "
+                                                                                "with the texts: each JSON line "
+                                                                                "starts with its \"id\""),
+                    threshold: Optional[float] = typer.Option(None, "--threshold",
+                                                              help="drop labels scoring below this (scores are the "
+                                                                   "method's own: see README, Metrics)")):
     """Write the top-k labels and scores of each input text as JSON lines."""
     from xmcbench.data import lines_of_bytes, read_texts
 
@@ -101,19 +156,82 @@ def predict_command(run_dir: Path = typer.Argument(..., help="a run directory (o
         texts = read_texts(input_file)
     else:
         texts = lines_of_bytes(sys.stdin.buffer.read(), "stdin")
+    ids = None
+    if ids_file is not None:
+        ids = read_texts(ids_file)
+        if len(ids) != len(texts):
+            raise XmcError(f"--ids {ids_file} has {len(ids)} lines but there are {len(texts)} texts; give one id per "
+                           "text, line by line")
     predict_texts = ensemble.predict_texts if ensemble.is_ensemble(run_dir) else runner.predict_texts
-    for result in predict_texts(run_dir, texts, top_k):
-        typer.echo(json.dumps(result, ensure_ascii=False))
+    for index, result in enumerate(predict_texts(run_dir, texts, top_k)):
+        result = runner.keep_scores_at_least(result, threshold)
+        typer.echo(json.dumps({"id": ids[index], **result} if ids is not None else result, ensure_ascii=False))
 
 
 @app.command("evaluate")
-def evaluate_command(run_dir: Path = typer.Argument(...), dataset: Optional[str] = typer.Option(None, "--dataset", "-d",
+def evaluate_command(run_dir: Optional[Path] = typer.Argument(None, help="a run or ensemble directory (or give "
+                                                                         "--predictions)"),
+                     dataset: Optional[str] = typer.Option(None, "--dataset", "-d",
                      help="dataset to score on [default: the one the run trained on]"),
-                     data_dir: Optional[Path] = DataDirOption):
-    """Score a saved model (or an ensemble of runs) on a dataset's test split."""
-    evaluate_run = ensemble.evaluate_ensemble if ensemble.is_ensemble(run_dir) else runner.evaluate_run
-    metrics = evaluate_run(run_dir, dataset, data_dir)
+                     data_dir: Optional[Path] = DataDirOption,
+                     data_format: Optional[str] = DataFormatOption, text_column: Optional[str] = TextColumnOption,
+                     label_column: Optional[str] = LabelColumnOption,
+                     label_separator: Optional[str] = LabelSeparatorOption,
+                     id_column: Optional[str] = IdColumnOption, test_size: Optional[float] = TestSizeOption,
+                     predictions: Optional[Path] = typer.Option(None, "--predictions",
+                                                                help="score this score matrix instead of a run: a "
+                                                                     "scipy CSR (test documents x labels) saved "
+                                                                     "with scipy.sparse.save_npz, from any system"),
+                     labels_file: Optional[Path] = typer.Option(None, "--labels",
+                                                                help="with --predictions: the name of each column "
+                                                                     "(JSON list or one per line) [default: "
+                                                                     "NAME_labels.json beside it, else the "
+                                                                     "dataset's label ids]"),
+                     name: Optional[str] = typer.Option(None, "--name", help="with --predictions: the system's name "
+                                                                             "in reports [default: the file's name]"),
+                     output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                                           help="with --predictions: also write a run-like folder "
+                                                                "that `xmcbench report` reads beside runs"),
+                     set_options: Optional[List[str]] = typer.Option(None, "--set", "-s",
+                                                                     help="scoring setting, key=value: eval_ks, "
+                                                                          "propensity_a, propensity_b")):
+    """Score a saved model (or an ensemble of runs) on a dataset's test split, or, with --predictions, the
+    scores of any system."""
+    reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size)
+    set_options = list(set_options or [])
+    if (run_dir is None) == (predictions is None):
+        raise XmcError("give a run directory or --predictions FILE.npz (with --dataset), one of the two")
+    if predictions is None and (labels_file or name or output):
+        raise XmcError("--labels, --name and --output go with --predictions")
+    if predictions is not None:
+        if dataset is None:
+            raise XmcError("--predictions needs --dataset: the dataset whose test split the matrix scores")
+        metrics, loaded, config = runner.evaluate_predictions(predictions, dataset, data_dir, options=reading,
+                                                              set_options=set_options, labels_file=labels_file)
+        typer.echo(format_metrics(metrics))
+        if output is not None:
+            folder = runner.write_external_run(output, name or predictions.stem, predictions, dataset, loaded, config,
+                                               metrics)
+            typer.echo(f"run-like directory for `xmcbench report`: {folder}")
+        return
+    if ensemble.is_ensemble(run_dir):
+        if reading != FormatOptions():
+            raise XmcError("an ensemble is scored on the dataset its members trained on, read as they read it; drop "
+                           "the reading options (--format, --text-column, ...), or evaluate one member run")
+        metrics = ensemble.evaluate_ensemble(run_dir, dataset, data_dir, set_options=set_options)
+    else:
+        metrics = runner.evaluate_run(run_dir, dataset, data_dir, options=reading, set_options=set_options)
     typer.echo(format_metrics(metrics))
+
+
+@app.command("rescore")
+def rescore_command(run_dirs: List[Path] = typer.Argument(..., help="finished run directories"),
+                    data_dir: Optional[Path] = DataDirOption):
+    """Score runs' saved test predictions again with this version's metrics (e.g. runs made before the
+    propensity definition changed) and rewrite their metrics.json; the model files are not needed."""
+    registry = build_registry()
+    for run_dir in run_dirs:
+        runner.rescore_run(run_dir, data_dir, registry=registry, log=typer.echo)
 
 
 @app.command("ensemble")
@@ -178,6 +296,41 @@ def datasets_command(data_dir: Optional[Path] = DataDirOption):
                         intfmt=",", tablefmt="simple"))
 
 
+@app.command("formats")
+def formats_command():
+    """List the registered data formats a --dataset path may be in, whether each can be written by `convert`,
+    and the optional dependencies each needs."""
+    registry = build_registry()
+    rows = [[name, "yes" if entry.value.write is not None else "no",
+             f"xmcbench[{entry.value.extra}]" if entry.value.extra else "", entry.origin.split(" (")[0],
+             entry.value.description] for name, entry in registry.formats.items()]
+    typer.echo(tabulate(rows, headers=["format", "writes", "needs", "plugin", "description"], tablefmt="simple")
+               if rows else "no data format registered (`xmcbench plugins` says which plugins loaded)")
+
+
+@app.command("convert")
+def convert_command(source: str = typer.Argument(..., help="registered dataset name, or a folder or file in any "
+                                                           "readable format"),
+                    output: Path = typer.Argument(..., help="new folder to write"),
+                    to: str = typer.Option(..., "--to", help="data format to write (`xmcbench formats`)"),
+                    data_format: Optional[str] = DataFormatOption, text_column: Optional[str] = TextColumnOption,
+                    label_column: Optional[str] = LabelColumnOption,
+                    label_separator: Optional[str] = LabelSeparatorOption,
+                    id_column: Optional[str] = IdColumnOption, test_size: Optional[float] = TestSizeOption,
+                    data_dir: Optional[Path] = DataDirOption):
+    """Read a dataset (with the same reading options as run) and write it in another data format; the folder
+    written reads back with the format's defaults."""
+    from xmcbench.formats import write_dataset
+
+    registry = build_registry()
+    registry.format(to)   # an unknown name fails before anything is read
+    reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size)
+    dataset = runner.open_dataset(registry, source, data_dir, reading)
+    folder = write_dataset(registry, dataset, output, to)
+    typer.echo(f"{dataset.name}: {dataset.train_labels.shape[0]:,} train / {dataset.test_labels.shape[0]:,} test "
+               f"documents, {len(dataset.label_names):,} labels, written as {to} to {folder}")
+
+
 @app.command("report")
 def report_command(paths: List[Path] = typer.Argument(..., help="run directories, or folders searched recursively "
                                                                "for them"),
@@ -219,7 +372,11 @@ def compare_command(methods: List[str] = typer.Argument(..., help="methods to co
                                                                            "of each method's seeds (--fusion sum), "
                                                                            "or of all methods per seed (weighted)"),
                     fusion: str = FusionOption,
-                    data_dir: Optional[Path] = DataDirOption):
+                    data_dir: Optional[Path] = DataDirOption,
+                    data_format: Optional[str] = CompareDataFormatOption,
+                    text_column: Optional[str] = TextColumnOption, label_column: Optional[str] = LabelColumnOption,
+                    label_separator: Optional[str] = LabelSeparatorOption,
+                    id_column: Optional[str] = IdColumnOption, test_size: Optional[float] = TestSizeOption):
     """Train every (method, seed) cell without a saved result, reuse the rest, and write a report."""
     import shlex
 
@@ -227,7 +384,9 @@ def compare_command(methods: List[str] = typer.Argument(..., help="methods to co
 
     command = shlex.join(["xmcbench", "compare", *sys.argv[2:]]) if sys.argv[1:2] == ["compare"] else None
     path = compare(build_registry(), methods, dataset, seeds, output, set_options or [], config_file, baseline,
-                   fmt, ensemble, data_dir, command, log=lambda line: typer.echo(line, err=True), fusion=fusion)
+                   fmt, ensemble, data_dir, command, log=lambda line: typer.echo(line, err=True), fusion=fusion,
+                   reading=format_options(data_format, text_column, label_column, label_separator, id_column,
+                                          test_size))
     typer.echo(f"report: {path}")
 
 

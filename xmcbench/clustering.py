@@ -33,6 +33,7 @@ from sklearn.utils.extmath import row_norms
 
 from xmcbench.data import open_binary
 from xmcbench.errors import XmcError
+from xmcbench.formats import parse_xc_header, read_xc_sparse
 from xmcbench.progress import progress_bar
 
 __all__ = [
@@ -82,15 +83,6 @@ def tfidf_features(train_texts: list[str], max_features: int | None = None) -> s
 def _open_text(path: Path):
     with open_binary(path) as stream:
         yield io.TextIOWrapper(stream, encoding="utf-8", errors="replace")
-
-
-def _parse_header(line: str) -> tuple[int, int, int] | None:
-    """'N D L' of an Extreme Classification Repository BoW file, or None when the line is a data line."""
-    parts = line.split()
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
-        return None
-    n, d, l = (int(p) for p in parts)
-    return n, d, l
 
 
 def _parse_lines(
@@ -178,6 +170,26 @@ def _read_svmlight(path: Path) -> sp.csr_matrix:
     return x
 
 
+def _read_xc(path: Path, header: tuple[int, int, int]) -> sp.csr_matrix:
+    """An Extreme Classification Repository file through scikit-learn's C parser (read_xc_sparse); on failure
+    re-read with the Python parser, which names the bad line (or accepts what only it reads, such as unsorted
+    feature ids)."""
+    try:
+        return read_xc_sparse(path).features
+    except XmcError:
+        pass
+    n_header, d_header, _ = header
+    with _open_text(path) as fh:
+        fh.readline()
+        x, rows = _parse_lines(fh, path, first_lineno=2, num_features=d_header, skip_blank=False)
+    if rows != n_header:
+        raise XmcError(
+            f"{path}: header line 1 says {n_header} documents but the file has {rows} data lines; "
+            "fix the header or re-export the file"
+        )
+    return x
+
+
 def read_sparse_features(path: Path, num_docs: int | None = None) -> sp.csr_matrix:
     """Read training-document sparse features (BoW / TF-IDF) from a file.
 
@@ -195,18 +207,8 @@ def read_sparse_features(path: Path, num_docs: int | None = None) -> sp.csr_matr
         raise XmcError(f"{path}: feature file not found; check the dataset directory or the features path")
     try:
         with _open_text(path) as fh:
-            first = fh.readline()
-            header = _parse_header(first)
-            if header is not None:
-                n_header, d_header, _ = header
-                x, rows = _parse_lines(fh, path, first_lineno=2, num_features=d_header, skip_blank=False)
-                if rows != n_header:
-                    raise XmcError(
-                        f"{path}: header line 1 says {n_header} documents but the file has {rows} data lines; "
-                        "fix the header or re-export the file"
-                    )
-        if header is None:
-            x = _read_svmlight(path)
+            header = parse_xc_header(fh.readline())
+        x = _read_svmlight(path) if header is None else _read_xc(path, header)
     except (OSError, EOFError, lzma.LZMAError) as exc:
         raise XmcError(f"{path}: cannot read feature file ({exc}); check that it is a valid, complete file") from None
     if num_docs is not None and x.shape[0] != num_docs:

@@ -11,15 +11,25 @@ import dataclasses
 from pathlib import Path
 
 from xmcbench import runner
-from xmcbench.config import training_stages
+from xmcbench.config import TrainConfig, training_stages
 from xmcbench.errors import XmcError
+from xmcbench.formats import FormatOptions
 from xmcbench.registry import Registry
 from xmcbench.storage import fingerprint
 
 
+# Settings added after result keys existed: hashed only when set to something else than their default, so
+# the keys, and with them the runs saved before these settings existed, stay what they were.
+LATER_SETTINGS = ("eval_ks", "propensity_a", "propensity_b")
+
+
 def result_key(registry: Registry, plan: runner.Plan, dataset_version: str) -> str:
     stages = [dataclasses.asdict(stage) for stage in training_stages(registry.method(plan.method).stages, plan.config)]
-    return fingerprint(plan.method, plan.config.to_dict(), stages, dataset_version)
+    settings, defaults = plan.config.to_dict(), TrainConfig().to_dict()
+    for key in LATER_SETTINGS:
+        if settings[key] == defaults[key]:
+            del settings[key]
+    return fingerprint(plan.method, settings, stages, dataset_version)
 
 
 def check_shared_validation(plans: dict[tuple[str, int], runner.Plan]) -> None:
@@ -41,15 +51,20 @@ def check_shared_validation(plans: dict[tuple[str, int], runner.Plan]) -> None:
 
 def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds: list[int],
               set_options: list[str], config_file: Path | None, results_dir: Path, data_dir: Path | None = None,
-              log=print, shared_validation: bool = False) -> dict[str, list[Path]]:
+              log=print, shared_validation: bool = False,
+              reading: FormatOptions | None = None) -> dict[str, list[Path]]:
     """Train what is missing; return {method: [run directory per seed]}. shared_validation: refuse first
-    unless the methods of each seed share one validation split (check_shared_validation)."""
+    unless the methods of each seed share one validation split (check_shared_validation). reading: how to read
+    a dataset path (runner.open_dataset); its values are part of the dataset's version, hence of the keys."""
     if not methods:
         raise XmcError("name at least one method to compare (e.g. xmcbench compare lightxml lightxml-static)")
-    loaded = runner.open_dataset(registry, dataset or runner.DEFAULT_DATASET, data_dir)
+    loaded = runner.open_dataset(registry, dataset or runner.DEFAULT_DATASET, data_dir, reading)
     plans = {(method, seed): runner.plan_run(registry, method, dataset, config_file, set_options, seed, data_dir,
                                              loaded=loaded)
              for method in methods for seed in seeds}   # every setting is checked before anything trains
+    for plan in plans.values():   # recorded in config.json: --resume, evaluate and rescore read the path alike
+        plan.reading = reading or FormatOptions()
+        plan.loaded = plan.loaded or loaded
     if shared_validation:
         check_shared_validation(plans)
     version = loaded.version
@@ -61,7 +76,9 @@ def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds
             log(f"{method} seed {seed}: reusing {run_dir}")
         elif (run_dir / "config.json").exists():
             log(f"{method} seed {seed}: resuming {run_dir}")
-            runner.run(runner.plan_resume(run_dir), run_dir, data_dir, registry=registry, log=log, resume=True)
+            resumed = runner.plan_resume(run_dir)
+            resumed.loaded = loaded
+            runner.run(resumed, run_dir, data_dir, registry=registry, log=log, resume=True)
         else:
             log(f"{method} seed {seed}: training into {run_dir}")
             runner.run(plan, run_dir, data_dir, registry=registry, log=log)
@@ -84,7 +101,7 @@ def ensemble_members(cells: dict[str, list[Path]], seeds: list[int], fusion: str
 def compare(registry: Registry, methods: list[str], dataset: str | None, seeds: list[int], output: Path,
             set_options: list[str] = (), config_file: Path | None = None, baseline: str | None = None,
             fmt: str = "github", ensemble: bool = False, data_dir: Path | None = None, command: str | None = None,
-            log=print, fusion: str = "sum") -> Path:
+            log=print, fusion: str = "sum", reading: FormatOptions | None = None) -> Path:
     """Run the missing cells under output/runs, optionally ensembles under output/ensembles (ensemble_members:
     each method's seeds with fusion "sum", all methods per seed with "weighted"), and write output/report.md;
     return its path."""
@@ -99,7 +116,7 @@ def compare(registry: Registry, methods: list[str], dataset: str | None, seeds: 
         raise XmcError("--ensemble --fusion weighted fuses the compared methods seed by seed; name at least two "
                        "methods (an ensemble of one method's seeds uses --fusion sum)")
     cells = run_cells(registry, methods, dataset, seeds, list(set_options), config_file, output / "runs",
-                      data_dir, log, shared_validation=weighted)
+                      data_dir, log, shared_validation=weighted, reading=reading)
     run_dirs = [path for paths in cells.values() for path in paths]
     if ensemble:
         for name, paths in ensemble_members(cells, seeds, fusion).items():

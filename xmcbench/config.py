@@ -66,7 +66,10 @@ class TrainConfig:
     device: str = "auto"           # auto | cpu | cuda | cuda:N
     threads: int = 0               # torch CPU threads (0: one per core)
     seed: int = 0
-    top_k: int = 10                # labels kept per test document
+    top_k: int = 10                # labels kept per test document (raised to max(eval_ks) unless given)
+    eval_ks: tuple[int, ...] = (1, 3, 5)   # cut-offs k of every metric@k (P, nDCG, PSP, PSnDCG, R, PSR)
+    propensity_a: float = 0.0      # A, B of the propensity model for PSP/PSnDCG/PSR (0: the dataset's own)
+    propensity_b: float = 0.0
     storage_dtype: str = "float32"  # saved weights: float32 | float16 | bfloat16 (computing stays float32)
     options: dict[str, Any] = field(default_factory=dict)  # free-form knobs for third-party components
 
@@ -81,6 +84,11 @@ class TrainConfig:
 
     def validate(self, source: str = "settings") -> None:
         """Refuse a value outside its range in one line (SETTING_RANGES), before any data is read."""
+        # first: a deep eval_ks raises top_k, whose range error would not name the setting given
+        if not self.eval_ks or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_TOP_K
+                                   for k in self.eval_ks):
+            raise XmcError(f"{source}: eval_ks={format_ks(self.eval_ks)} must be a list of integers between 1 and "
+                           f"{MAX_TOP_K}, e.g. eval_ks=1,3,5,10,100")
         for key, (low, high) in SETTING_RANGES.items():
             value = getattr(self, key)
             if isinstance(value, float) and not math.isfinite(value):
@@ -90,15 +98,38 @@ class TrainConfig:
                 raise XmcError(f"{source}: {key}={value} is out of range; it must be {bounds}")
         if not 0.0 <= self.dropout < 1.0:
             raise XmcError(f"{source}: dropout={self.dropout:g} is out of range; it must be in [0, 1)")
+        if self.top_k < max(self.eval_ks):
+            raise XmcError(f"{source}: top_k={self.top_k} keeps fewer labels than eval_ks asks for "
+                           f"(@{max(self.eval_ks)}); set top_k={max(self.eval_ks)} or more")
         if self.num_clusters and self.num_clusters & (self.num_clusters - 1):
             raise XmcError(f"{source}: num_clusters={self.num_clusters} must be a power of two (or 0 to use "
                            "cluster_size)")
 
 
-# Metrics go to @5, so a run keeps at least 5 labels per document; more than MAX_TOP_K is a memory hazard
-# (N x k scores) with no use in XMC evaluation.
+# A run keeps at least 5 labels per document (validation selects on metrics up to @5, weighted ensembles
+# on P@1 and PSP@5) and at least max(eval_ks); more than MAX_TOP_K is a memory hazard (N x k scores) with
+# no use in XMC evaluation.
 METRIC_MAX_K = 5
 MAX_TOP_K = 1000
+def format_ks(ks) -> str:
+    """eval_ks as --set takes it: "1,3,5"."""
+    return ",".join(str(k) for k in ks) if isinstance(ks, (tuple, list)) else repr(ks)
+
+
+def parse_ks(value: Any, key: str, source: str) -> tuple[int, ...]:
+    """A list of cut-offs as written in a config file ([1, 3, 5]) or given to --set ("1,3,5") -> the sorted,
+    distinct tuple (1, 3, 5); anything else ends in one XmcError line."""
+    items = value.replace(" ", "").split(",") if isinstance(value, str) else value
+    if isinstance(items, (list, tuple)):
+        try:
+            ks = [int(k) if isinstance(k, str) else k for k in items]
+        except ValueError:
+            ks = None
+        if ks and all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in ks):
+            return tuple(sorted(set(ks)))
+    raise XmcError(f"{source}: {key} must be a list of positive integers, e.g. {key}=1,3,5,10,100; got {value!r}")
+
+
 def check_top_k(top_k: int) -> None:
     """The labels asked of `predict` per text: 1 to MAX_TOP_K."""
     if not 1 <= top_k <= MAX_TOP_K:
@@ -118,6 +149,7 @@ SETTING_RANGES: dict[str, tuple[float | None, float | None]] = {
     "checkpoint_every_steps": (0, None), "checkpoint_every_epochs": (0, None),
     "validation_size": (0, None), "patience": (0, None), "max_train_docs": (0, None),
     "threads": (0, 4096), "seed": (0, 2**32 - 1), "top_k": (METRIC_MAX_K, MAX_TOP_K),
+    "propensity_a": (0.0, 10.0), "propensity_b": (0.0, 1000.0),
 }
 
 
@@ -219,6 +251,8 @@ def coerce_setting(key: str, value: Any, expected, source: str) -> Any:
     elif expected is str:
         if isinstance(value, str):
             return value
+    elif typing.get_origin(expected) is tuple:   # eval_ks, the one list-valued setting
+        return parse_ks(value, key, source)
     else:
         return value
     raise XmcError(f"{source}: {key} must be {expected.__name__}, got {value!r}")
@@ -280,8 +314,13 @@ def resolve_config(method: MethodSpec, dataset_name: str, config_file: Path | No
     config = apply_overrides(config, method.defaults, f"method {method.name!r}")
     config = apply_overrides(config, method.presets.get(dataset_name, {}),
                              f"method {method.name!r} preset for {dataset_name!r}")
+    given = parse_set_options(list(set_options))
     if config_file is not None:
-        config = apply_overrides(config, read_config_file(config_file), str(config_file))
+        from_file = read_config_file(config_file)
+        config = apply_overrides(config, from_file, str(config_file))
+        given = {**from_file, **given}
     config = apply_overrides(config, parse_set_options(list(set_options)), "--set")
-    config.validate()
+    if "top_k" not in given:   # predictions must reach the deepest cut-off: eval_ks=1,3,5,100 keeps the top 100
+        config.top_k = max(config.top_k, max(config.eval_ks, default=1))
+    config.validate()   # a top_k the user gave below max(eval_ks) is refused, not raised behind their back
     return config

@@ -102,6 +102,11 @@ class Dataset:
     propensity_a: float
     propensity_b: float
     report: dict[str, int] = field(default_factory=dict)
+    # Sparse features (bag of words, TF-IDF) of formats that store them, e.g. the Extreme Classification
+    # Repository's: (N_train, D) and (N_test, D) float32 csr, or None. A dataset of features only has empty
+    # train_texts / test_texts.
+    train_features: sp.csr_matrix | None = None
+    test_features: sp.csr_matrix | None = None
 
     def label_counts(self) -> np.ndarray:
         """Training documents per label: (len(label_names),) int64; test-only labels count 0."""

@@ -77,14 +77,16 @@ class Derived:
         return asdict(self)
 
 
-def dataset_statistics(train_texts: list[str], train_labels, tokenizer, seed: int = 0) -> DatasetStatistics:
-    """train_labels: (N, L) 0/1 csr of the training documents; tokenizer: the encoder's (fast) tokenizer."""
+def dataset_statistics(train_texts: list[str] | None, train_labels, tokenizer, seed: int = 0) -> DatasetStatistics:
+    """train_labels: (N, L) 0/1 csr of the training documents; tokenizer: the encoder's (fast) tokenizer;
+    train_texts: None for a dataset of sparse features only (token lengths then count as 0)."""
     documents, labels = train_labels.shape
     counts = np.bincount(train_labels.indices, minlength=labels)
     seen = counts[counts > 0]
-    sample = np.random.default_rng(seed).permutation(documents)[:LENGTH_SAMPLE]
+    sample = np.random.default_rng(seed).permutation(documents)[:LENGTH_SAMPLE] if train_texts else []
     lengths = np.array([len(ids) for ids in tokenizer([train_texts[i] for i in sample], add_special_tokens=True,
-                                                      truncation=False, verbose=False)["input_ids"]])
+                                                      truncation=False, verbose=False)["input_ids"]]) if len(sample) \
+        else np.zeros(0)
     if not len(lengths):
         lengths = np.zeros(1)
     limit = getattr(tokenizer, "model_max_length", GPU_MAX_LENGTH)

@@ -25,7 +25,8 @@ scores (ties: lower id first).
   The validation rows: every member must have `validation_predictions.safetensors` (written by
   `xmcbench run` when validation_size > 0; see xmcbench.runner.save_validation_predictions) over the same
   training rows, i.e. trained with the same seed, validation_size and max_train_docs. Their truth is the
-  dataset's training labels at those rows; PSP@5's propensities come from the other training documents.
+  dataset's training labels at those rows; PSP@5's propensities are the ones every score uses
+  (runner.propensities).
 
 An ensemble directory:
 
@@ -40,14 +41,17 @@ An ensemble directory:
     metrics.json              test metrics of the ensemble (written last: its presence marks a finished build)
     timings.json              members' training seconds and prediction ms/document, summed
     predictions.safetensors   the ensemble's test-set top-k (labels (N, k) int64, scores (N, k) float32)
+    predictions.npz           the same as a scipy CSR score matrix, predictions_labels.json its column names
+                              (runner.save_predictions_npz)
     environment.json          library versions, platform, date
 
 Members must be finished runs sharing one label vocabulary (model/labels.json). Building reuses the
 members' saved test predictions when they all have them for the current version of one dataset;
 otherwise (and always for `evaluate`) every member model predicts the test split, one model at a time.
-Propensities for PSP@k and the label counts of the frequency bins come from the members' training rows
-when they all trained on the same ones (as in their own metrics.json, so the ensemble's row compares with
-theirs), otherwise from the dataset's whole training set, as in `xmcbench evaluate`.
+The metrics are taken at the first member's eval_ks (build with --top-k >= max(eval_ks)). Propensities for
+PSP@k, PSnDCG@k, PSR@k and the label counts of the frequency bins are the ones of every run and of
+`xmcbench evaluate` (runner.propensities: the dataset's whole training set, the first member's A and B), so
+the ensemble's row compares with its members'.
 """
 
 from __future__ import annotations
@@ -68,14 +72,14 @@ import numpy as np
 
 from xmcbench.config import check_top_k
 from xmcbench.errors import XmcError
-from xmcbench.metrics import evaluate, propensity_scores
+from xmcbench.metrics import evaluate
 from xmcbench.pipeline import Predictions
 from xmcbench.registry import Registry, build_registry
 from xmcbench.storage import read_json, write_json
 
 ENSEMBLE_FILE = "ensemble.json"
 SCHEMA_VERSION = 2   # 1: sum (the only rule before weighted fusion), 2: weighted
-MIN_TOP_K = 5   # the metrics are reported at k = 1, 3, 5
+MIN_TOP_K = 5   # the default eval_ks go to @5, and weighted fusion chooses its weights on PSP@5
 FUSION_RULES = ("sum", "weighted")
 FUSION_OBJECTIVE = "(P@1 + PSP@5) / 2"
 QUANTILES = 201          # validation-score quantiles kept per member: every half percent
@@ -354,45 +358,32 @@ def read_ensemble(directory: Path) -> Ensemble:
 
 # -- scoring and predicting -------------------------------------------------------------------------
 
-def shared_training_rows(members: list[Member], dataset) -> np.ndarray | None:
-    """The training rows (sorted) every member was trained on, when the settings in their config.json give
-    the same rows of this version of the dataset (one seed, validation_size and max_train_docs, or no split
-    and no cap at all); None otherwise."""
+def scoring_config(members: list[Member], set_options: Sequence[str] = ()):
+    """The TrainConfig whose eval_ks and propensity settings score an ensemble: its first member's (the one
+    config.json shows), with `evaluate --set` scoring settings over them (runner.evaluation_config)."""
     from xmcbench.config import TrainConfig
-    from xmcbench.runner import split_train_rows
+    from xmcbench.runner import evaluation_config
 
-    shared = None
-    for member in members:
-        if member.config.get("dataset_version") != dataset.version:
-            return None
-        try:
-            rows, _ = split_train_rows(dataset, TrainConfig.from_dict(member.config.get("config", {})))
-        except (XmcError, TypeError, ValueError, AttributeError):   # settings this xmcbench cannot read back
-            return None
-        if shared is not None and not np.array_equal(rows, shared):
-            return None
-        shared = rows
-    return shared
+    try:
+        config = TrainConfig.from_dict(members[0].config.get("config", {}))
+    except XmcError as error:
+        raise XmcError(f"ensemble member {members[0].path}: config.json: {error}") from None
+    return evaluation_config(config, set_options)
 
 
-def _score(labels: np.ndarray, dataset, members: list[Member]) -> dict:
-    """Metrics of test-set top lists (ids in the members' vocabulary). The propensities and the label counts
-    of the frequency bins come from the members' shared training rows, as in their own metrics.json, so an
-    ensemble's row compares with its members' rows; without shared rows, from the whole training set, as
-    `xmcbench evaluate` computes them."""
-    from xmcbench.runner import label_document_counts, remap_labels, truth_and_counts_in_vocabulary
+def _score(labels: np.ndarray, dataset, members: list[Member], set_options: Sequence[str] = ()) -> dict:
+    """Metrics of test-set top lists (ids in the members' vocabulary) at the first member's eval_ks, with the
+    propensities every run and `xmcbench evaluate` use (runner.propensities: the dataset's whole training
+    set), so an ensemble's row compares with its members' rows."""
+    from xmcbench.runner import propensities, remap_labels
 
     names = members[0].label_names
-    train_rows = shared_training_rows(members, dataset)
-    if train_rows is None:
-        truth, inv_propensity, label_counts = truth_and_counts_in_vocabulary(dataset, names)
-    else:
-        truth = remap_labels(dataset.test_labels, dataset.label_names, names)
-        label_counts = label_document_counts(remap_labels(dataset.train_labels[train_rows], dataset.label_names,
-                                                          names))
-        inv_propensity = 1.0 / propensity_scores(label_counts, len(train_rows), dataset.propensity_a,
-                                                 dataset.propensity_b)
-    return evaluate(labels, truth, inv_propensity=inv_propensity, label_counts=label_counts)
+    config = scoring_config(members, set_options)
+    weights = propensities(dataset, config, names)
+    truth = remap_labels(dataset.test_labels, dataset.label_names, names)
+    metrics = evaluate(labels, truth, ks=config.eval_ks, inv_propensity=weights.inverse,
+                       label_counts=weights.label_counts)
+    return {**metrics, "propensity": weights.record()}
 
 
 def _predict_member(member: Member, texts: list[str], texts_key: str | None, top_k: int, registry: Registry,
@@ -505,7 +496,7 @@ def _validation_predictions(members: list[Member], dataset, top_k: int) -> tuple
 
 def fit_fusion(members: list[Member], dataset, top_k: int) -> Fusion:
     """The weighted fusion of these members, fitted on their shared validation rows (module docstring)."""
-    from xmcbench.runner import label_document_counts, remap_labels
+    from xmcbench.runner import propensities, remap_labels
 
     labels, scores, rows = _validation_predictions(members, dataset, top_k)
     quantiles = [score_quantiles(member_labels, member_scores, top_k)
@@ -516,9 +507,7 @@ def fit_fusion(members: list[Member], dataset, top_k: int) -> Fusion:
                            "weighed against the others")
     names = members[0].label_names
     truth = remap_labels(dataset.train_labels[rows], dataset.label_names, names)
-    others = np.setdiff1d(np.arange(len(dataset.train_texts)), rows)   # the training documents that are not validation
-    counts = label_document_counts(remap_labels(dataset.train_labels[others], dataset.label_names, names))
-    inv_propensity = 1.0 / propensity_scores(counts, len(others), dataset.propensity_a, dataset.propensity_b)
+    inv_propensity = propensities(dataset, scoring_config(members), names).inverse
     top_lists = [member_labels[:, :top_k] for member_labels in labels]
     normalised = [normalise(member_scores[:, :top_k], q) for member_scores, q in zip(scores, quantiles)]
     weights, chosen, tried = choose_weights(top_lists, normalised, truth, inv_propensity, top_k)
@@ -571,7 +560,8 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
                    log=print, fusion: str = "sum") -> Path:
     """Write an ensemble directory of finished runs and score it on the test split; return the directory.
     fusion: "sum" or "weighted" (see the module docstring)."""
-    from xmcbench.runner import environment, open_dataset, save_predictions
+    from xmcbench.runner import PREDICTIONS_NPZ, environment, open_dataset, reading_of, save_predictions, \
+        save_predictions_npz
 
     check_fusion(fusion)
     if len(run_dirs) < 2:
@@ -588,6 +578,10 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
     top_k = top_k if top_k is not None else min(saved_k)
     if top_k < MIN_TOP_K:
         raise XmcError(f"--top-k {top_k} is too small: the metrics need each member's top {MIN_TOP_K} at least")
+    deepest = max(scoring_config(members).eval_ks)
+    if top_k < deepest:
+        raise XmcError(f"--top-k {top_k} is too small: the first member's eval_ks go to @{deepest}; pass --top-k "
+                       f"{deepest} (members that kept fewer labels are then asked to predict again)")
     first = members[0]
     dataset_ref = first.config.get("dataset")
     if not isinstance(dataset_ref, str):
@@ -596,7 +590,7 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
     _check_output(output, members, overwrite)
 
     registry = registry or build_registry()
-    dataset = open_dataset(registry, dataset_ref, data_dir)
+    dataset = open_dataset(registry, dataset_ref, data_dir, reading_of(first.config))
     sha = first.labels_sha256
     same_data = all(m.config.get("dataset") == dataset_ref for m in members)
     if fusion == "weighted":
@@ -653,6 +647,7 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
         "metrics_from": source})
     write_json(output / "environment.json", environment())
     save_predictions(output / "predictions.safetensors", Predictions(labels, scores, None))
+    save_predictions_npz(output / PREDICTIONS_NPZ, labels, scores, first.label_names)
     write_json(output / "metrics.json", {"dataset": dataset.name, "test_documents": len(dataset.test_texts),
                                          "unseen_test_labels": len(dataset.label_names) - dataset.num_labels,
                                          "members": len(members), "top_k": top_k, "fusion": rule.rule,
@@ -661,13 +656,20 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
 
 
 def evaluate_ensemble(directory: Path, dataset_name: str | None = None, data_dir: Path | None = None,
-                      registry: Registry | None = None) -> dict:
-    """Score an ensemble on a dataset's test split (its own by default), predicting with every member."""
-    from xmcbench.runner import open_dataset
+                      registry: Registry | None = None, set_options: Sequence[str] = ()) -> dict:
+    """Score an ensemble on a dataset's test split (its own by default), predicting with every member;
+    set_options: `--set` scoring settings (runner.EVALUATION_SETTINGS)."""
+    from xmcbench.runner import open_dataset, reading_of
 
     ensemble = read_ensemble(directory)
+    deepest = max(scoring_config(ensemble.members, set_options).eval_ks)
+    if deepest > ensemble.top_k:
+        raise XmcError(f"the ensemble keeps its top {ensemble.top_k} labels, fewer than eval_ks asks for (@{deepest}); "
+                       f"build it again with `xmcbench ensemble ... --top-k {deepest}`")
     registry = registry or build_registry()
+    reading = None   # a dataset named on the command line is read with the default options
     if dataset_name is None:
+        reading = reading_of(ensemble.members[0].config)   # the members' own dataset, read as they read it
         config_path = Path(directory) / "config.json"
         recorded = _read_json_file(config_path, "the ensemble's configuration") if config_path.is_file() else None
         dataset_name = recorded.get("dataset") if isinstance(recorded, dict) else None
@@ -675,10 +677,10 @@ def evaluate_ensemble(directory: Path, dataset_name: str | None = None, data_dir
             dataset_name = ensemble.members[0].config.get("dataset")
         if not isinstance(dataset_name, str):
             raise XmcError(f"{directory} does not say which dataset it was built on; pass --dataset")
-    dataset = open_dataset(registry, dataset_name, data_dir)
+    dataset = open_dataset(registry, dataset_name, data_dir, reading)
     labels, _ = _predict_test(ensemble.members, dataset, ensemble.top_k, registry, ensemble.label_names_sha256,
                               ensemble.fusion)
-    return _score(labels, dataset, ensemble.members)
+    return _score(labels, dataset, ensemble.members, set_options)
 
 
 def predict_texts(directory: Path, texts: list[str], top_k: int = 5, registry: Registry | None = None) -> list[dict]:

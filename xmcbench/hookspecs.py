@@ -50,3 +50,13 @@ def xmcbench_register_datasets(registry):
     Call `registry.add_dataset(DatasetSpec(...))`; see `xmcbench.data.DatasetSpec` and, for the files, the
     card, the checksum and the licence, `datasets/README.md`.
     """
+
+
+@hookspec
+def xmcbench_register_formats(registry):
+    """Register data formats: layouts of a folder or file that `--dataset PATH` reads and `xmcbench convert` writes.
+
+    Call `registry.add_format(DataFormat(...))`; see `xmcbench.formats.DataFormat` (a name for `--format`, a
+    `detect(path)` that recognises the layout, `read(path, options)` returning an `xmcbench.data.Dataset`,
+    an optional `write(dataset, folder, options)`) and `xmcbench.formats.FormatOptions` for the options.
+    """

@@ -180,6 +180,10 @@ class WholeMethod(ABC):
     #: False when the backend cannot be seeded, so that the same seed need not give the same model (a run
     #: records it in config.json, and the conformance suite then skips its determinism check)
     deterministic: bool = True
+    #: True when the method can also fit on a dataset's own sparse features (fit_features, predict_features):
+    #: then a dataset that has them (bag-of-words files, PECOS X.npz) is fitted on them rather than on texts,
+    #: and a dataset with features but no texts can be run at all
+    reads_features: bool = False
 
     @classmethod
     def check(cls, config: "TrainConfig", num_labels: int) -> None:
@@ -207,3 +211,14 @@ class WholeMethod(ABC):
         """N raw texts (any string, the empty one included) -> labels (N, top_k) int64 and scores (N, top_k)
         float32. Each row holds distinct label ids in [0, num_labels), best first with non-increasing finite
         scores, then -1 (score -1.0) in the slots left empty; the same texts always give the same result."""
+
+    @classmethod
+    def fit_features(cls, train_features: sp.csr_matrix, train_labels: sp.csr_matrix, num_labels: int,
+                     config: "TrainConfig", log: Callable[[str], None]) -> "WholeMethod":
+        """As fit, on the dataset's own features: train_features (N, D) float32 CSR, row i the document of
+        train_labels' row i. Implement it (with predict_features) and set reads_features = True."""
+        raise NotImplementedError(f"{cls.__qualname__} does not read sparse features (reads_features is False)")
+
+    def predict_features(self, features: sp.csr_matrix, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+        """As predict, for (N, D) CSR features of the width fit_features saw, N >= 1."""
+        raise NotImplementedError(f"{type(self).__qualname__} does not read sparse features")

@@ -1,4 +1,4 @@
-"""Ranking metrics for extreme multi-label classification: P@k, nDCG@k, PSP@k, PSnDCG@k, R@k, coverage,
+"""Ranking metrics for extreme multi-label classification: P@k, nDCG@k, PSP@k, PSnDCG@k, R@k, PSR@k, coverage,
 and where P@k and PSP@k come from: their split over bins of training label frequency (head vs tail).
 
 Definitions follow pyxclib and the Extreme Classification Repository, so numbers are comparable with
@@ -122,18 +122,27 @@ def _gather_hits(predicted: np.ndarray, truth: scipy.sparse.csr_matrix) -> np.nd
     return (predicted >= 0) & (truth_keys[pos] == query)
 
 
-def _ideal_gains(truth: scipy.sparse.csr_matrix, weights: np.ndarray, k_max: int) -> np.ndarray:
-    """(N, k_max): each doc's relevant-label weights sorted descending, zero padded (the ideal ranking)."""
+def _ideal_sums(truth: scipy.sparse.csr_matrix, weights: np.ndarray, ks: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The ideal ranking's sums: each doc's relevant labels by descending weight, the best min(k, n_relevant).
+
+    truth: canonical (N, L) csr; weights: (L,); ks: sorted cut-offs. Returns (N, len(ks)) twice: the sum of
+    the best weights, and their discounted sum (weight / log2(rank + 1), rank from 1). Works on the nnz
+    entries only, so no (N, max(ks)) array is built.
+    """
     num_docs = truth.shape[0]
     entry_rows = np.repeat(np.arange(num_docs, dtype=np.int64), np.diff(truth.indptr))
     entry_weights = weights[truth.indices]
     order = np.lexsort((-entry_weights, entry_rows))
-    entry_rows, entry_weights = entry_rows[order], entry_weights[order]
-    rank = np.arange(entry_rows.size) - truth.indptr[entry_rows]
-    keep = rank < k_max
-    ideal = np.zeros((num_docs, k_max), dtype=np.float64)
-    ideal[entry_rows[keep], rank[keep]] = entry_weights[keep]
-    return ideal
+    entry_weights = entry_weights[order]
+    rank = np.arange(entry_rows.size) - truth.indptr[entry_rows]          # 0-based rank inside its doc
+    # prefix[e]: sum of the first e sorted entries over the whole matrix; a doc's best m are then
+    # prefix[start + m] - prefix[start].
+    prefix = np.concatenate(([0.0], np.cumsum(entry_weights)))
+    discounted = np.concatenate(([0.0], np.cumsum(entry_weights / np.log2(rank + 2.0))))
+    start = truth.indptr[:-1].astype(np.int64)                              # (N,)
+    best = np.minimum(np.diff(truth.indptr)[:, None], np.asarray(ks)[None, :])   # (N, len(ks))
+    ends = start[:, None] + best
+    return prefix[ends] - prefix[start][:, None], discounted[ends] - discounted[start][:, None]
 
 
 def _safe_ratio(numerator: float, denominator: float) -> float:
@@ -195,12 +204,13 @@ def evaluate(
         index the columns of truth. Rows should not repeat an id (that is the caller's business).
     truth: (N, L_total) sparse, nonzero = relevant. L_total may exceed the largest predictable id: test
         labels unseen in training live in extra columns, can never be hit, and so lower nDCG and recall.
-    ks: cut-offs k; each gives P@k, nDCG@k and R@k (plus PSP@k and PSnDCG@k when inv_propensity is given).
+    ks: cut-offs k; each gives P@k, nDCG@k and R@k (plus PSP@k, PSnDCG@k and PSR@k when inv_propensity is
+        given). Large k (R@100) is cheap: sums are taken only at the cut-offs asked for.
     inv_propensity: (L_total,) weights 1 / p_l (see propensity_scores).
     recalled_truth: (N, L_total) sparse marking the true labels that fell inside the recaller's
         shortlist; adds coverage = 100 * recalled positives / test positives.
     label_counts: (L_total,) training documents per label; adds "frequency_bins", the split of P@k (and
-        PSP@k) over FREQUENCY_BINS at k = max(ks) (below).
+        PSP@k) over FREQUENCY_BINS at k = 5 when 5 is in ks, else at k = max(ks) (below).
 
     Definitions (as in pyxclib and the Extreme Classification Repository):
     - P@k: mean over all N docs of hits in the top k / k.
@@ -213,6 +223,13 @@ def evaluate(
       unit-gain IDCG@k; the mean of that over docs, divided by the same mean for the ideal ranking.
     - R@k: hits in the top k / relevant labels of the doc, averaged over docs with >= 1 relevant label
       (0.0 when no doc has any).
+    - PSR@k: pyxclib's psrecall, the propensity-scored recall normalised by the ideal ranking. With w_l the
+      inverse propensity, y_i the relevant labels of doc i, top_k(i) its predicted top k and best_k(i) its
+      min(k, |y_i|) relevant labels of largest w:
+          PSR@k = [sum_i (sum_{l in top_k(i) & y_i} w_l) / max(|y_i|, 1)]
+                  / [sum_i (sum_{l in best_k(i)} w_l) / max(|y_i|, 1)].
+      For k >= |y_i| the ideal term of doc i is the sum of w over all its relevant labels, so PSR@k is then
+      the propensity-weighted share of each doc's relevant labels found. Docs without labels add 0 to both.
     - coverage: 0.0 when truth holds no positives.
     - frequency_bins: {"k": k, "bins": [one dict per FREQUENCY_BINS entry, in order]}, each bin with
       "bin" (its name, e.g. "2-3"), "min_count", "max_count" (None: no upper end), "labels" (how many),
@@ -221,7 +238,8 @@ def evaluate(
       (k * N), and with inv_propensity "PSP@k_contribution" = 100 * (those hits' inverse propensities) /
       (the ideal ranking's, as in PSP@k). The contributions of the bins sum to P@k and to PSP@k (pyxclib's
       and the XMC literature's "contribution by label frequency").
-    Returns a dict with keys 'P@k', 'nDCG@k', ['PSP@k', 'PSnDCG@k'], 'R@k', ['coverage'], ['frequency_bins'];
+    Returns a dict with keys 'P@k', 'nDCG@k', ['PSP@k', 'PSnDCG@k'], 'R@k', ['PSR@k'], ['coverage'],
+    ['frequency_bins'];
     every value but frequency_bins is a float.
     """
     ks = _check_ks(ks)
@@ -249,24 +267,36 @@ def evaluate(
     discounts = 1.0 / np.log2(np.arange(2, k_max + 2))  # (k_max,)
     # unit_idcg[j] = IDCG of a doc with j relevant labels at a cut-off >= j
     unit_idcg = np.concatenate(([0.0], np.cumsum(discounts)))  # (k_max + 1,)
-    hits_at = np.cumsum(hits, axis=1)  # (N, k_max): hits in the top 1..k_max
-    dcg_at = np.cumsum(hits * discounts, axis=1)
-    has_labels = num_relevant > 0
+    # Every metric needs its per-document sums only at the cut-offs in ks, not at all k_max ranks: sum the
+    # column blocks between consecutive cut-offs and accumulate those, so large k (R@100) costs no (N, k_max)
+    # cumulative arrays.
+    starts = [0] + ks[:-1]
 
-    def idcg(k: int) -> np.ndarray:
+    def at_ks(values: np.ndarray) -> np.ndarray:
+        """(N, k_max) -> (N, len(ks)): per doc, the sum of the first k columns for each k in ks."""
+        return np.cumsum(np.add.reduceat(values, starts, axis=1, dtype=np.float64), axis=1)
+
+    def unit_idcg_at(k: int) -> np.ndarray:
         return unit_idcg[np.minimum(num_relevant, k)]  # (N,)
 
-    def per_doc_ndcg(dcg: np.ndarray, k: int) -> np.ndarray:
-        norm = idcg(k)
-        return np.divide(dcg, norm, out=np.zeros(num_docs), where=norm > 0)
+    def mean_ndcg(dcg: np.ndarray, k: int) -> float:
+        """Mean over all N docs of DCG / unit IDCG@k; docs without relevant labels count as 0."""
+        norm = unit_idcg_at(k)
+        return float(np.mean(np.divide(dcg, norm, out=np.zeros(num_docs), where=norm > 0)))
+
+    hits_at = at_ks(hits)                              # (N, len(ks))
+    dcg_at = at_ks(hits * discounts)
+    recall_denominator = np.maximum(num_relevant, 1)   # (N,): 1 for docs without labels (their sums are 0)
+    has_labels = num_relevant > 0
 
     metrics: dict = {}
-    gains = ideal_total = None
-    for k in ks:
-        metrics[f"P@{k}"] = float(100.0 * np.mean(hits_at[:, k - 1] / k))
-    for k in ks:
-        metrics[f"nDCG@{k}"] = float(100.0 * np.mean(per_doc_ndcg(dcg_at[:, k - 1], k)))
+    for j, k in enumerate(ks):
+        metrics[f"P@{k}"] = float(100.0 * np.mean(hits_at[:, j] / k))
+    for j, k in enumerate(ks):
+        metrics[f"nDCG@{k}"] = 100.0 * mean_ndcg(dcg_at[:, j], k)
 
+    bins_k = 5 if 5 in ks else k_max   # the head/tail split of P@5 (see FREQUENCY_BINS) when 5 is asked for
+    gains = ideal_total = None
     if inv_propensity is not None:
         weights = np.asarray(inv_propensity, dtype=np.float64)
         if weights.shape != (num_labels,):
@@ -274,22 +304,22 @@ def evaluate(
         if not np.all(np.isfinite(weights)) or np.any(weights < 0):
             raise XmcError("inv_propensity must be finite and non-negative")
         gains = np.where(hits, weights[np.maximum(predicted, 0)], 0.0)  # (N, k_max)
-        ideal = _ideal_gains(truth, weights, k_max)
-        gain_at, ideal_at = np.cumsum(gains, axis=1), np.cumsum(ideal, axis=1)
-        ideal_total = float(np.sum(ideal_at[:, k_max - 1]))
-        psdcg_at = np.cumsum(gains * discounts, axis=1)
-        ideal_psdcg_at = np.cumsum(ideal * discounts, axis=1)
-        for k in ks:
+        gain_at, psdcg_at = at_ks(gains), at_ks(gains * discounts)
+        ideal_at, ideal_psdcg_at = _ideal_sums(truth, weights, ks)     # (N, len(ks)) each
+        ideal_total = float(np.sum(ideal_at[:, ks.index(bins_k)]))
+        for j, k in enumerate(ks):
             # The 1/k and 1/N of the pyxclib form cancel in the ratio; kept for a one-to-one reading.
-            metrics[f"PSP@{k}"] = _safe_ratio(np.mean(gain_at[:, k - 1] / k), np.mean(ideal_at[:, k - 1] / k))
-        for k in ks:
-            metrics[f"PSnDCG@{k}"] = _safe_ratio(
-                np.mean(per_doc_ndcg(psdcg_at[:, k - 1], k)), np.mean(per_doc_ndcg(ideal_psdcg_at[:, k - 1], k))
-            )
+            metrics[f"PSP@{k}"] = _safe_ratio(np.mean(gain_at[:, j] / k), np.mean(ideal_at[:, j] / k))
+        for j, k in enumerate(ks):
+            metrics[f"PSnDCG@{k}"] = _safe_ratio(mean_ndcg(psdcg_at[:, j], k), mean_ndcg(ideal_psdcg_at[:, j], k))
 
-    for k in ks:
-        recall = hits_at[has_labels, k - 1] / num_relevant[has_labels]
+    for j, k in enumerate(ks):
+        recall = hits_at[has_labels, j] / num_relevant[has_labels]
         metrics[f"R@{k}"] = float(100.0 * np.mean(recall)) if recall.size else 0.0
+    if inv_propensity is not None:
+        for j, k in enumerate(ks):
+            metrics[f"PSR@{k}"] = _safe_ratio(np.mean(gain_at[:, j] / recall_denominator),
+                                              np.mean(ideal_at[:, j] / recall_denominator))
 
     if recalled_truth is not None:
         recalled = _binary_csr(recalled_truth, "recalled_truth")
@@ -297,18 +327,18 @@ def evaluate(
             raise XmcError(f"recalled_truth has shape {recalled.shape} but truth has shape {truth.shape}")
         metrics["coverage"] = _safe_ratio(recalled.nnz, truth.nnz)
     if label_counts is not None:
-        metrics["frequency_bins"] = _frequency_bins(predicted, hits, truth, label_counts, k_max, gains, ideal_total)
+        metrics["frequency_bins"] = _frequency_bins(predicted, hits, truth, label_counts, bins_k, gains, ideal_total)
     return metrics
 
 
-_FAMILIES = ("P", "nDCG", "PSP", "PSnDCG", "R")
+_FAMILIES = ("P", "nDCG", "PSP", "PSnDCG", "R", "PSR")
 _AT_K = re.compile(r"^(\w+)@(\d+)$")
 
 
 def format_metrics(metrics: dict) -> str:
     """One-line human summary, e.g. 'P@1 82.31  P@3 55.10  P@5 40.02  nDCG@3 ...', in a fixed order, only keys present.
 
-    Order: P, nDCG, PSP, PSnDCG, R (each by ascending k), then coverage, then any other keys by name. Values
+    Order: P, nDCG, PSP, PSnDCG, R, PSR (each by ascending k), then coverage, then any other keys by name. Values
     that are not numbers (frequency_bins, names, flags) are left out.
     """
     metrics = {name: value for name, value in metrics.items()

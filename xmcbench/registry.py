@@ -106,12 +106,13 @@ def requested_plugins() -> list[str]:
 
 
 class Registry:
-    """Typed tables of components, methods and datasets, filled by the plugins' hooks."""
+    """Typed tables of components, methods, datasets and data formats, filled by the plugins' hooks."""
 
     def __init__(self) -> None:
         self.components: dict[str, dict[str, Entry]] = {kind: {} for kind in COMPONENT_KINDS}
         self.methods: dict[str, Entry] = {}
         self.datasets: dict[str, Entry] = {}
+        self.formats: dict[str, Entry] = {}   # data formats (xmcbench.formats.DataFormat) by name
         self.plugins: list[PluginInfo] = []
         self.failed: list[FailedPlugin] = []   # plugins not loaded, each with a one-line error
         self.skipped: list[tuple[str, str]] = []   # (entry point, package) not loaded: autoloading is off
@@ -154,6 +155,14 @@ class Registry:
             raise RegistrationError(f"plugin {self._origin()} registers a dataset that is not a DatasetSpec: "
                                     f"{_short_repr(dataset)}")
         self._add(self.datasets, f"dataset {dataset.name!r}", dataset.name, dataset)
+
+    def add_format(self, data_format) -> None:
+        from xmcbench.formats import DataFormat
+
+        if not isinstance(data_format, DataFormat):
+            raise RegistrationError(f"plugin {self._origin()} registers a data format that is not a DataFormat: "
+                                    f"{_short_repr(data_format)}")
+        self._add(self.formats, f"format {data_format.name!r}", data_format.name, data_format)
 
     def _origin(self) -> str:
         info = self._current
@@ -207,6 +216,12 @@ class Registry:
             raise XmcError(f"unknown dataset {name!r}: {closest_names_hint(name, self.datasets)} "
                            f"(`xmcbench datasets` lists them; a folder path works too{self._missing_hint()})")
         return self.datasets[name].value
+
+    def format(self, name: str):
+        if name not in self.formats:
+            raise XmcError(f"unknown data format {name!r}: {closest_names_hint(name, self.formats)} "
+                           f"(`xmcbench formats` lists them{self._missing_hint()})")
+        return self.formats[name].value
 
     # -- filling ----------------------------------------------------------------------------------
     def register_plugin(self, plugin_manager: pluggy.PluginManager, plugin: Any, name: str,

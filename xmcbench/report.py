@@ -14,13 +14,15 @@ with `--set` is never averaged into the method it ablates.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -30,15 +32,27 @@ from xmcbench.registry import closest_names_hint
 from xmcbench.rundir import model_bytes
 from xmcbench.storage import atomic_write
 
+if TYPE_CHECKING:   # matplotlib is imported where a figure is drawn: reading runs does not need it
+    from matplotlib.figure import Figure
+
 __all__ = ["RunResult", "load_runs", "find_run_dirs", "summarize", "render_table", "plot_loss_curves",
-           "plot_precision", "summarize_frequency_bins", "render_frequency_bins", "plot_frequency_bins",
-           "write_report", "COLUMNS", "LOWER_IS_BETTER", "FORMATS", "PAIRED_TEST_NOTE"]
+           "plot_loss", "plot_run_loss", "loss_epochs", "stage_starts", "LossCurve", "plot_precision",
+           "summarize_frequency_bins", "render_frequency_bins", "plot_frequency_bins", "write_report",
+           "COLUMNS", "LOWER_IS_BETTER", "FORMATS", "PAIRED_TEST_NOTE"]
 
 logger = logging.getLogger(__name__)
 
-METRIC_COLUMNS = ("P@1", "P@3", "P@5", "nDCG@1", "nDCG@3", "nDCG@5", "PSP@1", "PSP@3", "PSP@5", "coverage")
+# Every metric@k family metrics.json may hold (xmcbench.metrics.evaluate), in the order tables show them; a
+# report has a column for each k its runs recorded, except nDCG@1, which always equals P@1.
+METRIC_FAMILIES = ("P", "nDCG", "PSP", "PSnDCG", "R", "PSR")
+_AT_K = re.compile(r"^(\w+)@(\d+)$")
+# The main table: precision and its propensity-scored form at 1, 3 and 5, the figures XMC papers lead with.
+# Every other recorded metric goes to a "more metrics" table of its family pair (MORE_TABLES).
+MAIN_METRICS = ("P@1", "P@3", "P@5", "PSP@1", "PSP@3", "PSP@5", "coverage")
+MORE_TABLES = (("nDCG@k and PSnDCG@k", ("nDCG", "PSnDCG")), ("R@k and PSR@k", ("R", "PSR")),
+               ("P@k and PSP@k at further k", ("P", "PSP")))
 COST_COLUMNS = ("train_seconds", "predict_ms_per_document", "model_mb", "peak_rss_mb", "peak_gpu_mb")
-COLUMNS = METRIC_COLUMNS + COST_COLUMNS
+COLUMNS = MAIN_METRICS + COST_COLUMNS   # the main table's columns
 LOWER_IS_BETTER = frozenset(COST_COLUMNS)
 LABELS = {"train_seconds": "train s", "predict_ms_per_document": "predict ms/doc", "model_mb": "model MB",
           "peak_rss_mb": "peak RSS MB", "peak_gpu_mb": "peak GPU MB"}
@@ -67,6 +81,7 @@ class RunResult:
     losses: list[dict]     # training_log.json steps: {"step", "epoch", "loss", ...}
     model_bytes: int       # rundir.model_bytes, else the size timings.json recorded when the run finished (0 if neither)
     frequency_bins: dict | None = None   # metrics.json "frequency_bins" (xmcbench.metrics.evaluate), if recorded
+    propensity: dict | None = None       # metrics.json "propensity" (runner.Propensities.record), if recorded
 
     @property
     def settings(self) -> dict:
@@ -75,7 +90,7 @@ class RunResult:
 
     def values(self) -> dict[str, float]:
         """The report's columns that this run has, as plain floats."""
-        found = {key: self.metrics[key] for key in METRIC_COLUMNS if key in self.metrics}
+        found = {key: value for key, value in self.metrics.items() if _metric_order(key) is not None}
         found.update({key: self.timings[key] for key in ("train_seconds", "predict_ms_per_document",
                                                           "peak_rss_mb", "peak_gpu_mb") if key in self.timings})
         if self.model_bytes > 0:
@@ -85,6 +100,23 @@ class RunResult:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _metric_order(name: str) -> tuple[int, int] | None:
+    """(family position, k) of a metric column ("coverage" last), None for any other key (nDCG@1 included)."""
+    if name == "coverage":
+        return (len(METRIC_FAMILIES), 0)
+    match = _AT_K.match(name)
+    if not match or match.group(1) not in METRIC_FAMILIES or name == "nDCG@1":
+        return None
+    return (METRIC_FAMILIES.index(match.group(1)), int(match.group(2)))
+
+
+def _all_columns(names) -> list[str]:
+    """Metric columns by family then k, then the cost columns, of the names given."""
+    names = set(names)
+    metrics = sorted((n for n in names if _metric_order(n) is not None), key=_metric_order)
+    return metrics + [c for c in COST_COLUMNS if c in names]
 
 
 # -- loading ----------------------------------------------------------------------------------------
@@ -145,7 +177,8 @@ def read_run(path: Path) -> RunResult:
         environment=_read(path / "environment.json", required=False),
         losses=list(log.get("steps", [])) if isinstance(log, dict) else [],
         model_bytes=model_bytes(path) or _recorded_model_bytes(timings),
-        frequency_bins=_frequency_bins_of(metrics.get("frequency_bins")))
+        frequency_bins=_frequency_bins_of(metrics.get("frequency_bins")),
+        propensity=metrics["propensity"] if isinstance(metrics.get("propensity"), dict) else None)
 
 
 def _frequency_bins_of(recorded: Any) -> dict | None:
@@ -208,8 +241,15 @@ class _Group:
     runs: list[RunResult]
 
 
+def _default_settings() -> dict:
+    """TrainConfig's defaults as config.json writes them (lists, not tuples)."""
+    return json.loads(json.dumps(TrainConfig().to_dict()))
+
+
 def _settings_key(run: RunResult) -> str:
-    return json.dumps({k: v for k, v in run.settings.items() if k != "seed"}, sort_keys=True, default=str)
+    # a setting missing from an older config.json had its default value: it must not make a variant
+    settings = {**_default_settings(), **run.settings}
+    return json.dumps({k: v for k, v in settings.items() if k != "seed"}, sort_keys=True, default=str)
 
 
 def _flat_settings(settings: dict) -> dict[str, Any]:
@@ -313,7 +353,7 @@ def summarize(runs: list[RunResult], baseline: str | None = None) -> list[dict]:
         per_seed[id(group)] = columns
         rows.append({"dataset": group.dataset, "method": group.label, "base_method": group.method,
                      "n_seeds": len(group.runs), "seeds": [r.seed for r in group.runs],
-                     "stats": {c: _stats(list(columns[c].values())) for c in COLUMNS if c in columns},
+                     "stats": {c: _stats(list(columns[c].values())) for c in _all_columns(columns)},
                      "vs_baseline": None, "is_baseline": False,
                      "baseline": baselines[group.dataset].label if group.dataset in baselines else None,
                      "best": []})
@@ -325,10 +365,10 @@ def summarize(runs: list[RunResult], baseline: str | None = None) -> list[dict]:
             row["is_baseline"] = True
             continue
         mine, theirs = per_seed[id(group)], per_seed[id(base)]
-        row["vs_baseline"] = {c: _paired(mine[c], theirs[c]) for c in COLUMNS if c in mine and c in theirs}
+        row["vs_baseline"] = {c: _paired(mine[c], theirs[c]) for c in _all_columns(mine) if c in theirs}
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
         here = [r for r in rows if r["dataset"] == dataset]
-        for column in COLUMNS:
+        for column in _all_columns(c for r in here for c in r["stats"]):
             means = [(r, r["stats"][column]["mean"]) for r in here if column in r["stats"]]
             if len(means) < 2:
                 continue
@@ -343,7 +383,24 @@ def summarize(runs: list[RunResult], baseline: str | None = None) -> list[dict]:
 # -- rendering --------------------------------------------------------------------------------------
 
 def _columns(rows: list[dict]) -> list[str]:
+    """Every column some row has: metrics by family and k, then costs."""
+    return _all_columns(c for r in rows for c in r["stats"])
+
+
+def _main_columns(rows: list[dict]) -> list[str]:
     return [c for c in COLUMNS if any(c in r["stats"] for r in rows)]
+
+
+def more_tables(rows: list[dict]) -> list[tuple[str, list[str]]]:
+    """(title, columns) of the "more metrics" tables the rows fill: each MORE_TABLES family pair at every k
+    recorded, without the main table's columns."""
+    present = [c for c in _columns(rows) if c not in COLUMNS and c not in COST_COLUMNS]
+    tables = []
+    for title, families in MORE_TABLES:
+        columns = [c for c in present if c.split("@")[0] in families]
+        if columns:
+            tables.append((title, columns))
+    return tables
 
 
 def _number(value: float, column: str, signed: bool = False) -> str:
@@ -379,11 +436,11 @@ def _cell(row: dict, column: str, latex: bool) -> str:
     return text
 
 
-def _table(rows: list[dict], fmt: str) -> str:
+def _table(rows: list[dict], fmt: str, columns: list[str] | None = None) -> str:
     from tabulate import tabulate
 
     latex = fmt == "latex"
-    columns = _columns(rows)
+    columns = _main_columns(rows) if columns is None else columns
     headers = ["method", "seeds"] + [LABELS.get(c, c) for c in columns]
     body = []
     for row in rows:
@@ -394,9 +451,10 @@ def _table(rows: list[dict], fmt: str) -> str:
                     colalign=["left"] + ["right"] * (len(headers) - 1), disable_numparse=True)
 
 
-def render_table(rows: list[dict], fmt: str = "github") -> str:
+def render_table(rows: list[dict], fmt: str = "github", columns: list[str] | None = None) -> str:
     """The rows as a table: "github" (markdown, best in **bold**), "latex" (best in \\textbf{}) or "json"
-    (the raw rows, with each row's "best" list). Rows of several datasets give one table per dataset."""
+    (the raw rows with every column, and each row's "best" list). Rows of several datasets give one table
+    per dataset. columns: those to show (github, latex); default the main table's (COLUMNS)."""
     if fmt not in FORMATS:
         raise XmcError(f"unknown report format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if fmt == "json":
@@ -406,17 +464,17 @@ def render_table(rows: list[dict], fmt: str = "github") -> str:
                            "rows": rows}, indent=2)
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     if len(datasets) == 1:
-        return _table(rows, fmt)
+        return _table(rows, fmt, columns)
     parts = []
     for dataset in datasets:
         heading = f"% {dataset}" if fmt == "latex" else f"**{dataset}**"
-        parts.append(heading + "\n\n" + _table([r for r in rows if r["dataset"] == dataset], fmt))
+        parts.append(heading + "\n\n" + _table([r for r in rows if r["dataset"] == dataset], fmt, columns))
     return "\n\n".join(parts)
 
 
 # -- figures ----------------------------------------------------------------------------------------
 
-def _figure(width: float, height: float):
+def _figure(width: float, height: float) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -425,56 +483,190 @@ def _figure(width: float, height: float):
     return figure
 
 
-def _save_png(figure, path: Path) -> None:
+def _save_png(figure: Figure, path: Path) -> None:
     figure.tight_layout()
     atomic_write(Path(path), lambda temporary: figure.savefig(temporary, format="png", dpi=100))
 
 
-def plot_loss_curves(runs: list[RunResult], path: Path) -> None:
-    """Every method's training loss per step, mean over its seeds (band: ± std where 2+ seeds have the
-    step), on one plot; a PNG at `path`."""
-    figure = _figure(8, 4.5)
-    axes = figure.add_subplot()
-    groups = _groups(runs)
-    several_datasets = len({g.dataset for g in groups}) > 1
-    positive, plotted = True, False
-    for group in groups:
-        by_step: dict[int, list[float]] = {}
-        for run in group.runs:
-            for record in run.losses:
-                if _is_number(record.get("step")) and _is_number(record.get("loss")):
-                    by_step.setdefault(int(record["step"]), []).append(float(record["loss"]))
-        if not by_step:
-            continue
-        steps = np.array(sorted(by_step))
-        mean = np.array([np.mean(by_step[s]) for s in steps])
-        std = np.array([np.std(by_step[s], ddof=1) if len(by_step[s]) > 1 else 0.0 for s in steps])
-        label = group.label + (f" ({group.dataset})" if several_datasets else "")
-        line, = axes.plot(steps, mean, linewidth=1, label=f"{label}, {len(group.runs)} seed(s)")
-        if np.any(std > 0):
-            axes.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
-        positive &= bool(np.all(mean - std > 0))
-        plotted = True
-    from matplotlib.ticker import MaxNLocator
+# Tick labels of bar charts wrap at this many characters; each method's group of bars is as wide as that.
+LABEL_CHARACTERS = 18
+LEGEND_CHARACTERS = 40   # and method names in a legend beside a figure at this many
 
-    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes.set_xlabel("step")
-    axes.set_ylabel("training loss (mean over seeds)")
-    if plotted:
+
+def _wrapped(name: str, width: int = LABEL_CHARACTERS) -> str:
+    """`name` on lines of at most `width` characters, broken after "+", ",", "(" or a space: ensemble and
+    variant names ("ensemble(a+b+c)", "lightxml (epochs=1, lr=0.001)") run to a hundred characters and more.
+    A piece longer than `width` (one method's name) keeps a line of its own."""
+    lines = [""]
+    for piece in re.split(r"(?<=[+,(\s])", name):
+        if lines[-1].strip() and len(lines[-1] + piece.rstrip()) > width:
+            lines.append("")
+        lines[-1] += piece
+    return "\n".join(line.strip() for line in lines)
+
+
+# Loss figures show the mean loss of each twentieth of an epoch: the loss of single steps of a few documents
+# is too noisy to tell methods apart, and a fixed share of an epoch treats every batch size alike.
+POINTS_PER_EPOCH = 20
+
+
+def _epochs_of_log(steps: list[dict]):
+    """A training log's records in runs of one epoch of one stage: (stage or None, records) per epoch."""
+    for (stage, _), records in itertools.groupby(steps, key=lambda record: (record.get("stage"), record.get("epoch"))):
+        yield stage, list(records)
+
+
+def loss_epochs(steps: list[dict]) -> list[float]:
+    """Each record of a training log (training_log.json "steps", in order) placed in epochs of training: the
+    passes over the training documents done when its step ended, counted over all stages (a second stage
+    starts where the first ended), fractional within an epoch: the k-th of an epoch's n steps ends at k/n.
+
+    Exact from the log alone: every step is logged with its epoch within its stage (and the stage, when a
+    method has several), and an epoch is a fixed number of steps, ceil(documents / batch_size); so runs with
+    different batch sizes, whose steps cover different amounts of data, line up. A finished run's log holds
+    every step of every epoch."""
+    epochs: list[float] = []
+    for done, (_, records) in enumerate(_epochs_of_log(steps)):
+        epochs += [done + (k + 1) / len(records) for k in range(len(records))]
+    return epochs
+
+
+def stage_starts(steps: list[dict]) -> list[tuple[float, str]]:
+    """(epoch of training at which it starts, as loss_epochs counts them; name) of each stage in a training
+    log, in order; [] when the run trained in one stage (its records then name none)."""
+    starts: list[tuple[float, str]] = []
+    for done, (stage, _) in enumerate(_epochs_of_log(steps)):
+        if not starts or starts[-1][1] != stage:
+            starts.append((float(done), stage))
+    return starts if len(starts) > 1 else []
+
+
+def _per_point(epochs: list[float], values: list[float]) -> dict[float, float]:
+    """The mean of `values` (NaN: not logged at that step) over the steps of each 1/POINTS_PER_EPOCH of an
+    epoch, keyed by the epoch at which that part ends; NaN where none of its steps has a value (a gap)."""
+    parts: dict[float, list[float]] = {}
+    for epoch, value in zip(epochs, values):
+        # rounded first, so that an epoch's last step (2 + 239/239) lands in the part ending at 3.0
+        parts.setdefault(math.ceil(round(epoch * POINTS_PER_EPOCH, 6)) / POINTS_PER_EPOCH, []).append(value)
+    means = {}
+    for end, part in parts.items():
+        finite = [value for value in part if math.isfinite(value)]
+        means[end] = float(np.mean(finite)) if finite else math.nan
+    return means
+
+
+@dataclass
+class LossCurve:
+    """One line of a loss plot: `loss` at `epochs` of training (NaN: not logged there, a gap in the line),
+    a band of ± `std` where given, and the stage starts of the run(s) it shows."""
+
+    label: str
+    epochs: np.ndarray
+    loss: np.ndarray
+    std: np.ndarray | None = None
+    stages: list[tuple[float, str]] = field(default_factory=list)
+
+
+def plot_loss(curves: list[LossCurve], path: Path, ylabel: str) -> Figure:
+    """The one loss figure, of a run (loss.png: its loss parts) or of a report (loss_curves.png: a line per
+    method): loss against epochs of training, on a log scale when every value is positive. Each stage after
+    the first starts at a dotted vertical line named after it, in the colour of its curve, or grey when it
+    is shared by several curves (the parts of one run, or methods with the same stages); a PNG at `path`.
+    Like every figure here, it also returns the Figure, to look at what was drawn."""
+    labels = [_wrapped(curve.label, LEGEND_CHARACTERS) for curve in curves]   # a long name would widen the figure
+    widest_label = max((len(line) for label in labels for line in label.split("\n")), default=0)
+    figure = _figure(7 + 0.07 * (widest_label + 6), 4.5)   # the legend sits beside the axes
+    axes = figure.add_subplot()
+    colours: dict[tuple[float, str], list] = {}   # stage start -> the colours of the curves that have it
+    positive = True
+    for curve, label in zip(curves, labels):
+        line, = axes.plot(curve.epochs, curve.loss, linewidth=1, label=label)
+        low = curve.loss
+        if curve.std is not None and np.any(curve.std > 0):
+            low = curve.loss - curve.std
+            axes.fill_between(curve.epochs, low, curve.loss + curve.std, color=line.get_color(), alpha=0.2,
+                              linewidth=0)
+        positive &= bool(np.all(low[np.isfinite(low)] > 0))
+        for start in curve.stages:
+            colours.setdefault(start, []).append(line.get_color())
+    for (epoch, name), shared in colours.items():
+        colour = shared[0] if len(set(shared)) == 1 else "grey"
+        if epoch > 0:
+            axes.axvline(epoch, color=colour, linestyle=":", linewidth=1.2)
+        # x in data, y in axes coordinates: the name sits at the top whatever the loss scale, right of its line
+        axes.annotate(name, (epoch, 1.0), xycoords=axes.get_xaxis_transform(), xytext=(2, -4),
+                      textcoords="offset points", color=colour, fontsize="small", rotation=90, ha="left",
+                      va="top")
+    axes.set_xlabel("epochs of training (passes over the training documents; all stages)")
+    axes.set_ylabel(ylabel)
+    if curves:
+        axes.set_xlim(left=0)
         if positive:
             axes.set_yscale("log")
-        axes.legend(fontsize="small")
+        # beside the axes: inside, it would cover the curves or the stage names
+        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     else:
         axes.text(0.5, 0.5, "no training log in these runs", ha="center", va="center", transform=axes.transAxes)
     _save_png(figure, path)
+    return figure
 
 
-def plot_precision(rows: list[dict], path: Path) -> None:
+def plot_run_loss(steps: list[dict], path: Path) -> Figure:
+    """A run's loss.png from its training log: the total loss and its parts (recall, rank) against epochs,
+    mean per 1/POINTS_PER_EPOCH epoch. A multi-stage method logs a part only in the stages that train it:
+    its line has gaps elsewhere."""
+    epochs, curves = loss_epochs(steps), []
+    for key, label in (("loss", "total"), ("recall", "recall"), ("rank", "rank")):
+        values = []
+        for record in steps:
+            # where a stage trains one part, the total is that part: drawn once, as the part
+            alone = key == "loss" and sum(_is_number(record.get(part)) for part in ("recall", "rank")) == 1
+            values.append(float(record[key]) if _is_number(record.get(key)) and not alone else math.nan)
+        points = _per_point(epochs, values)
+        if any(math.isfinite(value) for value in points.values()):
+            curves.append(LossCurve(label, np.array(list(points)), np.array(list(points.values())),
+                                    stages=stage_starts(steps)))
+    return plot_loss(curves, path, f"training loss (BCE), mean per 1/{POINTS_PER_EPOCH} epoch")
+
+
+def plot_loss_curves(runs: list[RunResult], path: Path) -> Figure:
+    """Every method's training loss against epochs of training (loss_epochs), mean per 1/POINTS_PER_EPOCH
+    epoch, then over its seeds (band: ± std over the seeds, where 2+ have the point), on one plot, with the
+    starts of its stages; a PNG at `path`."""
+    groups = _groups(runs)
+    several_datasets = len({g.dataset for g in groups}) > 1
+    curves = []
+    for group in groups:
+        # The seeds of a row share its settings, hence its steps per epoch: their points fall on the same x.
+        by_point: dict[float, list[float]] = {}
+        stages: list[tuple[float, str]] = []
+        for run in group.runs:
+            losses = [float(r["loss"]) if _is_number(r.get("loss")) else math.nan for r in run.losses]
+            for end, value in _per_point(loss_epochs(run.losses), losses).items():
+                if math.isfinite(value):
+                    by_point.setdefault(end, []).append(value)
+            stages += stage_starts(run.losses)
+        if not by_point:
+            continue
+        epochs = np.array(sorted(by_point))
+        mean = np.array([np.mean(by_point[e]) for e in epochs])
+        std = np.array([np.std(by_point[e], ddof=1) if len(by_point[e]) > 1 else 0.0 for e in epochs])
+        label = group.label + (f" ({group.dataset})" if several_datasets else "")
+        curves.append(LossCurve(f"{label}, {len(group.runs)} seed(s)", epochs, mean, std,
+                                list(dict.fromkeys(stages))))
+    return plot_loss(curves, path, f"training loss, mean per 1/{POINTS_PER_EPOCH} epoch\nand over seeds (± std)")
+
+
+def plot_precision(rows: list[dict], path: Path) -> Figure:
     """P@1/3/5 per method as grouped bars, error bars = std over seeds; a PNG at `path`."""
-    figure = _figure(max(6.0, 1.2 * len(rows) + 2), 4.5)
-    axes = figure.add_subplot()
     several_datasets = len({r["dataset"] for r in rows}) > 1
-    names = [r["method"] + (f"\n{r['dataset']}" if several_datasets else "") for r in rows]
+    names = [_wrapped(r["method"]) + (f"\n{r['dataset']}" if several_datasets else "") for r in rows]
+    lines = [line for name in names for line in name.split("\n")]
+    # each method's bars are as wide as the widest line of a label (a piece with nowhere to break can be wider
+    # than LABEL_CHARACTERS): 0.065 inch per character at this size; the height grows with the lines of one
+    per_method = max(1.3, 0.065 * max(len(line) for line in lines) + 0.2)
+    figure = _figure(max(6.0, per_method * len(rows) + 1.5), 4.5 + 0.15 * max(name.count("\n") + 1 for name in names))
+    axes = figure.add_subplot()
     positions = np.arange(len(rows))
     width = 0.8 / 3
     for i, column in enumerate(("P@1", "P@3", "P@5")):
@@ -483,8 +675,12 @@ def plot_precision(rows: list[dict], path: Path) -> None:
         axes.bar(positions + (i - 1) * width, means, width, yerr=errors, capsize=3, label=column)
     axes.set_xticks(positions, names, fontsize="small")
     axes.set_ylabel("precision (%), mean ± std over seeds")
-    axes.legend(fontsize="small")
+    axes.yaxis.grid(True, alpha=0.3)   # to read a bar's height across the figure
+    axes.set_axisbelow(True)
+    # above the axes, in one row: inside, it would cover the tallest bars
+    axes.legend(fontsize="small", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=3, frameon=False)
     _save_png(figure, path)
+    return figure
 
 
 # -- head vs tail: contributions by training label frequency --------------------------------------
@@ -552,15 +748,17 @@ def render_frequency_bins(table: dict) -> str:
                     disable_numparse=True)
 
 
-def plot_frequency_bins(tables: list[dict], path: Path) -> None:
+def plot_frequency_bins(tables: list[dict], path: Path) -> Figure:
     """Contribution to P@k per bin of training label frequency as grouped bars, one colour per method,
     error bars = std over seeds; one panel per dataset; a PNG at `path`."""
     from matplotlib import colormaps
 
     widest = max(len(t["bins"]) * len(t["rows"]) for t in tables)
     methods = list(dict.fromkeys(row["method"] for table in tables for row in table["rows"]))
-    legend_inches = 0.07 * (max(len(method) for method in methods) + 12)   # the legend sits beside the bars
-    figure = _figure(max(6.0, 0.22 * widest + 2) + legend_inches, 4.5 * len(tables))
+    names = {method: _wrapped(method, LEGEND_CHARACTERS) for method in methods}   # a long name would widen the figure
+    widest_name = max(len(line) for name in names.values() for line in name.split("\n"))
+    legend_inches = 0.07 * (widest_name + 12)   # the legend sits beside the bars
+    figure = _figure(max(6.0, 0.13 * widest + 2) + legend_inches, 4.5 * len(tables))
     palette = colormaps["tab10" if len(methods) <= 10 else "tab20"]
     colour = {method: palette(i % palette.N) for i, method in enumerate(methods)}   # one per method in every panel
     for index, table in enumerate(tables):
@@ -570,7 +768,7 @@ def plot_frequency_bins(tables: list[dict], path: Path) -> None:
         for j, row in enumerate(table["rows"]):
             axes.bar(positions + (j - (len(table["rows"]) - 1) / 2) * width, row["mean"], width, yerr=row["std"],
                      capsize=2, color=colour[row["method"]],
-                     label=f"{row['method']} ({row['n_seeds']} seed{'s' if row['n_seeds'] > 1 else ''})")
+                     label=f"{names[row['method']]} ({row['n_seeds']} seed{'s' if row['n_seeds'] > 1 else ''})")
         # the share of test positives under each bin says how much of P@k the bin could give at most
         names = [f"{name}\n{share:.0f} % of test\npositives" for name, share in
                  zip(table["bins"], table["test_positive_share"])]
@@ -582,6 +780,7 @@ def plot_frequency_bins(tables: list[dict], path: Path) -> None:
         # beside the axes, not over the bars: the tall bars are the head bins at one end
         axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     _save_png(figure, path)
+    return figure
 
 
 def _fusion_lines(groups: list[_Group], several_datasets: bool) -> list[str]:
@@ -629,9 +828,18 @@ def _describe(groups: list[_Group], value: Callable[[RunResult], Any]) -> str:
 
 
 def _non_default(run: RunResult) -> list[str]:
-    defaults = _flat_settings(TrainConfig().to_dict())
+    defaults = _flat_settings(_default_settings())
     mine = _flat_settings(run.settings)
     return [f"{key}={mine[key]}" for key in mine if key != "seed" and (key not in defaults or defaults[key] != mine[key])]
+
+
+def _propensity(run: RunResult) -> str:
+    """The propensity model behind a run's PSP@k, PSnDCG@k and PSR@k, as metrics.json recorded it."""
+    recorded = run.propensity or {}
+    if not all(_is_number(recorded.get(key)) for key in ("a", "b", "train_documents")):
+        return ("not recorded (written by an older xmcbench, whose runs took the label frequencies from their own "
+                "training rows)")
+    return f"A={recorded['a']:g}, B={recorded['b']:g}, {int(recorded['train_documents'])} training documents"
 
 
 def _hardware(run: RunResult) -> str:
@@ -640,6 +848,10 @@ def _hardware(run: RunResult) -> str:
     return (f"{env.get('platform') or 'platform not recorded'}, processor {env.get('processor') or 'not reported'}, "
             f"GPU {env.get('cuda') or 'none'}, device {resolved.get('device', '?')}, "
             f"torch {torch_version} with {resolved.get('threads', '?')} CPU threads")
+
+
+def _more_heading(title: str, fmt: str) -> str:
+    return f"% More metrics: {title}" if fmt == "latex" else f"More metrics: {title}"
 
 
 def write_report(runs: list[RunResult], output: Path, baseline: str | None = None, fmt: str = "github",
@@ -657,6 +869,9 @@ def write_report(runs: list[RunResult], output: Path, baseline: str | None = Non
     output.mkdir(parents=True, exist_ok=True)
     table_path = output / f"table.{FORMATS[fmt]}"
     table = render_table(rows, fmt)
+    if fmt != "json":   # JSON holds every column already; the other formats add the "more metrics" tables
+        table += "".join(f"\n\n{_more_heading(title, fmt)}\n\n" + render_table(rows, fmt, columns)
+                         for title, columns in more_tables(rows))
     atomic_write(table_path, lambda temporary: temporary.write_text(table + "\n", encoding="utf-8"))
     plot_loss_curves(runs, output / "loss_curves.png")
     plot_precision(rows, output / "precision.png")
@@ -677,6 +892,8 @@ def write_report(runs: list[RunResult], output: Path, baseline: str | None = Non
         lines.append(f"- Dataset: **{dataset}** (version {versions}; {labels} training labels)")
     lines.append(f"- Encoder: {_describe(groups, lambda r: r.settings.get('model_name', '?'))}")
     lines.append(f"- Hardware: {_describe(groups, _hardware)}")
+    lines.append(f"- Propensities of PSP@k, PSnDCG@k and PSR@k (Jain et al. 2016, label frequencies of the whole "
+                 f"training set): {_describe(groups, _propensity)}")
     lines.append("- Seeds: " + "; ".join(
         f"{g.label}{f' on {g.dataset}' if len(datasets) > 1 else ''}: {', '.join(str(r.seed) for r in g.runs)}"
         for g in groups))
@@ -690,6 +907,8 @@ def write_report(runs: list[RunResult], output: Path, baseline: str | None = Non
         here = [r for r in rows if r["dataset"] == dataset]
         lines += [f"### {dataset}", ""]
         lines += [render_table(here, "github"), ""]
+        for title, columns in more_tables(here):
+            lines += [f"More metrics: {title}", "", render_table(here, "github", columns), ""]
         if baseline and here[0]["baseline"] is None:
             lines += [f"No {baseline} runs on {dataset}: no baseline comparison here.", ""]
     lines += [STATS_NOTE, ""]
@@ -714,7 +933,8 @@ def write_report(runs: list[RunResult], output: Path, baseline: str | None = Non
                 lines += [f"### {table['dataset']}", ""]
             lines += [render_frequency_bins(table), ""]
     lines += ["## Figures", "",
-              "![Training loss per step, mean over seeds](loss_curves.png)", "",
+              "![Training loss against epochs of training, mean over seeds; dotted lines: stage starts](loss_curves.png)",
+              "",
               "![P@1, P@3 and P@5 per method, mean ± std over seeds](precision.png)", ""]
     if bin_tables:
         lines += [f"![Contribution to P@{bin_tables[0]['k']} by training label frequency, per method, mean ± std "

@@ -7,8 +7,10 @@ directory.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib.metadata
+import json
 import platform
 import resource
 import shutil
@@ -23,13 +25,14 @@ import torch
 
 import xmcbench
 from xmcbench import clustering, whole_methods
-from xmcbench.config import MethodSpec, TrainConfig, check_top_k, parse_set_options, read_config_file, \
-    resolve_config, training_stages
-from xmcbench.data import Dataset, data_dir_from_env, load_dataset, load_dataset_from_path
+from xmcbench.config import MethodSpec, TrainConfig, apply_overrides, check_top_k, parse_set_options, \
+    read_config_file, resolve_config, training_stages
+from xmcbench.data import Dataset, _dataset_files, data_dir_from_env, load_dataset, load_dataset_from_path
 from xmcbench.defaults import RULE_VERSION, DatasetStatistics, Derived, DeviceFacts, dataset_statistics, \
     derive_settings
 from xmcbench.distributed import Distributed, broadcast_text, from_environment, shutdown
 from xmcbench.errors import XmcError
+from xmcbench.formats import FormatOptions, read_dataset
 from xmcbench.interfaces import LabelClusters, WholeMethod
 from xmcbench.metrics import evaluate, propensity_scores
 from xmcbench.modelio import build_model, load_model_dir, save_model_dir, storage_dtype
@@ -37,6 +40,7 @@ from xmcbench.checkpoint import load_checkpoint
 from xmcbench.pipeline import Predictions, Trainer, TrainingInterrupted, XMCModel, pick_device, predict, \
     recalled_truth, seed_everything, set_threads
 from xmcbench.registry import COMPONENT_KINDS, Registry, build_registry
+from xmcbench.report import plot_run_loss
 from xmcbench.rundir import ClaimedRun, claim_existing, claim_output, model_bytes
 from xmcbench.storage import atomic_write, cache_dir, fingerprint, write_json
 from xmcbench.tokenization import load_tokenizer, tokenize
@@ -44,6 +48,7 @@ from xmcbench.tokenization import load_tokenizer, tokenize
 DEFAULT_DATASET = "debian-debtags-mini"
 FINISHED_MARKER = "metrics.json"
 VALIDATION_PREDICTIONS_FILE = "validation_predictions.safetensors"   # see save_validation_predictions
+PREDICTIONS_NPZ = "predictions.npz"   # the test top-k as a scipy CSR score matrix, see save_predictions_npz
 SELECTION_METRICS = tuple(f"{name}@{k}" for name in ("P", "nDCG", "PSP", "PSnDCG", "R") for k in (1, 3, 5))
 VERSIONED_PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "scipy", "scikit-learn", "safetensors")
 
@@ -65,6 +70,7 @@ class Plan:
     device: DeviceFacts | None = None
     loaded: Dataset | None = field(default=None, repr=False, compare=False)
     preset: str | None = None
+    reading: FormatOptions = field(default_factory=FormatOptions)   # how a dataset path is read (--format, ...)
 
     def describe(self) -> dict:
         """What `xmcbench config` prints and config.json records about how the settings were chosen."""
@@ -91,8 +97,9 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
     if preset_key in spec.presets:
         return Plan(method, dataset, config, preset=preset_key)
     loaded = loaded or open_dataset(registry, dataset, data_dir)
+    whole_methods.check_inputs(method, spec.whole_method, loaded, registry)
     pool = training_pool(loaded, config)
-    statistics = dataset_statistics([loaded.train_texts[i] for i in pool],
+    statistics = dataset_statistics([loaded.train_texts[i] for i in pool] if loaded.train_texts else None,
                                     loaded.train_labels[pool][:, :loaded.num_labels].tocsr(),
                                     load_tokenizer(config.model_name), seed=config.seed)
     device = device_facts(config)
@@ -145,11 +152,27 @@ def device_facts(config: TrainConfig) -> DeviceFacts:
     return DeviceFacts("cpu")
 
 
-def open_dataset(registry: Registry, name: str, data_dir: Path | None = None) -> Dataset:
-    """A registered dataset by name, or a folder in the raw-text layout by path."""
-    if name not in registry.datasets and Path(name).is_dir():
-        return load_dataset_from_path(Path(name))
-    return load_dataset(registry.dataset(name), data_dir_from_env(data_dir))
+def open_dataset(registry: Registry, name: str, data_dir: Path | None = None,
+                 options: FormatOptions | None = None) -> Dataset:
+    """A registered dataset by name, or a folder or file by path: the raw-text layout first, else the one
+    registered data format that recognises it (xmcbench.formats); `options` are the reading options
+    (--format, --text-column, ...). A dataset may hold sparse features and no texts: the methods that cannot
+    read it refuse it (whole_methods.check_inputs)."""
+    options = options or FormatOptions()
+    path = Path(name).expanduser()
+    if name in registry.datasets or not path.exists():
+        if options != FormatOptions():
+            raise XmcError(f"{', '.join(_flags(options))} read a folder or file, not the registered dataset {name!r}; "
+                           "drop them, or pass the path of your data")
+        return load_dataset(registry.dataset(name), data_dir_from_env(data_dir))
+    if options == FormatOptions() and path.is_dir() and _dataset_files(path)[0]:
+        return load_dataset_from_path(path)   # the raw-text layout, or an error naming the files it misses
+    return read_dataset(registry, path, options)
+
+
+def _flags(options: FormatOptions) -> list[str]:
+    given = {"format": options.format_name, **options.given()}
+    return ["--" + key.replace("_", "-") for key, value in given.items() if value is not None and key != "seed"]
 
 
 # -- label clusters ---------------------------------------------------------------------------------
@@ -206,25 +229,60 @@ def label_document_counts(labels: sp.spmatrix) -> np.ndarray:
     return np.asarray((labels > 0).sum(axis=0)).ravel().astype(np.int64)
 
 
-def inverse_propensity(dataset: Dataset, train_rows: np.ndarray) -> np.ndarray:
-    counts = label_document_counts(dataset.train_labels[train_rows])
-    return 1.0 / propensity_scores(counts, len(train_rows), dataset.propensity_a, dataset.propensity_b)
+@dataclass(frozen=True)
+class Propensities:
+    """The propensity model behind every PSP@k, PSnDCG@k and PSR@k xmcbench writes (see propensities()).
+
+    inverse: (L,) 1 / p_l; label_counts: (L,) training documents per label, which the frequency bins use
+    too; a, b: Jain et al.'s A and B; train_documents: N of the model."""
+
+    inverse: np.ndarray
+    label_counts: np.ndarray
+    a: float
+    b: float
+    train_documents: int
+
+    def record(self) -> dict:
+        """What metrics.json records as "propensity"."""
+        return {"model": "Jain et al. 2016: p = 1 / (1 + (log N - 1) (B + 1)^A (N_l + B)^-A)", "a": self.a,
+                "b": self.b, "train_documents": self.train_documents,
+                "counts_from": "all training documents of the dataset (validation rows included)"}
 
 
-def score(predictions: Predictions, truth: sp.csr_matrix, model: XMCModel, inv_propensity: np.ndarray,
-          label_counts: np.ndarray | None = None) -> dict:
-    """Metrics of a prediction; label_counts (L_total,) training documents per label adds the frequency bins
-    (xmcbench.metrics.evaluate)."""
+def propensities(dataset: Dataset, config: TrainConfig | None = None,
+                 label_names: list[str] | None = None) -> Propensities:
+    """The one propensity definition of runs, whole-method runs, validation, `evaluate` and ensembles: label
+    frequencies N_l and N from every training document of the dataset (a run's validation rows and the rows
+    max_train_docs leaves out included), so one dataset gives one set of weights whatever a run trained on.
+    A and B are the dataset's (DatasetSpec.propensity_a/b), unless config sets propensity_a / propensity_b
+    (> 0). label_names: the label order of the result, e.g. a saved model's vocabulary (labels the dataset
+    lacks count 0); None: the dataset's own order. Shapes (L,), L = len(label_names) plus the dataset's labels
+    not among them (remap_labels), or len(dataset.label_names)."""
+    a = config.propensity_a if config is not None and config.propensity_a > 0 else dataset.propensity_a
+    b = config.propensity_b if config is not None and config.propensity_b > 0 else dataset.propensity_b
+    labels = dataset.train_labels
+    if label_names is not None:
+        labels = remap_labels(labels, dataset.label_names, label_names)
+    counts = label_document_counts(labels)
+    num_docs = dataset.train_labels.shape[0]
+    return Propensities(1.0 / propensity_scores(counts, num_docs, a, b), counts, float(a), float(b), int(num_docs))
+
+
+def score(predictions: Predictions, truth: sp.csr_matrix, model: XMCModel | None, weights: Propensities,
+          ks=(1, 3, 5), frequency_bins: bool = True) -> dict:
+    """Metrics of a prediction at the cut-offs ks (xmcbench.metrics.evaluate), with the frequency bins and
+    the propensity model recorded under "propensity"; truth (N, L) in the label order of `weights`."""
     recalled = None
     if predictions.recalled is not None:
         recalled = recalled_truth(truth, predictions.recalled, model.label_cluster.cpu().numpy())
-    return evaluate(predictions.labels, truth, inv_propensity=inv_propensity, recalled_truth=recalled,
-                    label_counts=label_counts)
+    metrics = evaluate(predictions.labels, truth, ks=ks, inv_propensity=weights.inverse, recalled_truth=recalled,
+                       label_counts=weights.label_counts if frequency_bins else None)
+    return {**metrics, "propensity": weights.record()}
 
 
 def training_pool(dataset: Dataset, config: TrainConfig) -> np.ndarray:
     """The training rows a run draws from, in a seeded order: all, or a subset of max_train_docs."""
-    rows = np.random.default_rng(config.seed).permutation(len(dataset.train_texts))
+    rows = np.random.default_rng(config.seed).permutation(dataset.train_labels.shape[0])   # texts may be absent
     return rows[:config.max_train_docs] if config.max_train_docs else rows
 
 
@@ -260,10 +318,18 @@ def plan_resume(run_dir: Path) -> Plan:
         raise XmcError(f"{run_dir} holds a finished run: nothing to resume")
     try:
         saved = read_json(recorded)
-        return Plan(saved["method"], saved["dataset"], TrainConfig.from_dict(saved["config"]))
+        return Plan(saved["method"], saved["dataset"], TrainConfig.from_dict(saved["config"]),
+                    reading=reading_of(saved))
     except (OSError, ValueError, KeyError, TypeError):   # unreadable, not JSON, not the expected object
         raise XmcError(f"{recorded} is damaged (it lacks the run's method, dataset or settings); this run cannot "
                        "be resumed, start a new one") from None
+
+
+def reading_of(saved: dict) -> FormatOptions:
+    """The reading options a run recorded in its config.json ("reading", see write_run_config), so that
+    --resume, evaluate, rescore and ensembles read its dataset path as the run did; defaults when none."""
+    recorded = saved.get("reading") or {}
+    return FormatOptions(**{key: value for key, value in recorded.items() if key in FormatOptions.__dataclass_fields__})
 
 
 def environment(packages: tuple[str, ...] = ()) -> dict:
@@ -315,7 +381,7 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
     # everything that can refuse the run does so before the output folder is touched
     threads = set_threads(config)
     device = pick_device(config, dist)
-    dataset = plan.loaded or open_dataset(registry, plan.dataset, data_dir)
+    dataset = plan.loaded or open_dataset(registry, plan.dataset, data_dir, plan.reading)
     claimed = None
     output = Path(output) if output else default_output(plan)
     if dist.is_main:
@@ -365,7 +431,7 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
                                description="tokenizing test")
     if dist.enabled:   # same initial weights everywhere (DDP also broadcasts them), different dropout masks
         torch.manual_seed(config.seed + dist.rank)
-    inv_propensity = inverse_propensity(dataset, train_rows)
+    weights = propensities(dataset, config)
 
     validate = None
     if len(validation_rows):
@@ -374,7 +440,9 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
 
         def validate(candidate: XMCModel) -> float:
             found = predict(candidate, validation_tokens, config, device, description="validating", dist=dist)
-            return score(found, validation_truth, candidate, inv_propensity)[config.selection_metric]
+            selection_k = int(config.selection_metric.split("@")[1])
+            return score(found, validation_truth, candidate, weights, ks=(selection_k,),
+                         frequency_bins=False)[config.selection_metric]
 
     if dist.is_main:
         output.mkdir(parents=True, exist_ok=True)
@@ -408,8 +476,7 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
     if not dist.is_main:
         return output
     write_training_log(output, training_log)
-    metrics = score(predictions, dataset.test_labels, model, inv_propensity,
-                    label_counts=label_document_counts(dataset.train_labels[train_rows]))
+    metrics = score(predictions, dataset.test_labels, model, weights, config.eval_ks)
     save_model_dir(output / "model", model, config, dataset.label_names[:dataset.num_labels])
     write_results(output, dataset, metrics, predictions, validation_predictions, validation_rows, train_seconds,
                   trainer.documents_trained, predict_seconds, resume, device)
@@ -423,9 +490,10 @@ def write_run_config(output: Path, plan: Plan, dataset: Dataset, registry: Regis
     """config.json (the method, the dataset and its version, every setting, what was derived, and `resolved`:
     what the run decided, such as threads, device and the training rows) and environment.json."""
     dataset_ref = plan.dataset if plan.dataset in registry.datasets else str(Path(plan.dataset).resolve())
+    reading = {} if plan.reading == FormatOptions() else {"reading": dataclasses.asdict(plan.reading)}
     write_json(output / "config.json", {"method": plan.method, "dataset": dataset_ref, "dataset_name": dataset.name,
                                         "dataset_version": dataset.version, "config": plan.config.to_dict(),
-                                        **plan.describe(), "resolved": resolved})
+                                        **reading, **plan.describe(), "resolved": resolved})
     write_json(output / "environment.json", environment(packages))
 
 
@@ -433,8 +501,11 @@ def write_results(output: Path, dataset: Dataset, metrics: dict, predictions: Pr
                   validation_predictions: Predictions | None, validation_rows: np.ndarray, train_seconds: float,
                   documents_trained: int, predict_seconds: float, resumed: bool, device: torch.device) -> None:
     """The files every finished run has besides its model: predictions (test, and validation when there is a
-    split), timings.json, data_report.json, and metrics.json last, whose presence marks the run finished."""
+    split; the test top-k also as predictions.npz), timings.json, data_report.json, and metrics.json last,
+    whose presence marks the run finished."""
     save_predictions(output / "predictions.safetensors", predictions)
+    save_predictions_npz(output / PREDICTIONS_NPZ, predictions.labels, predictions.scores,
+                         dataset.label_names[:dataset.num_labels])
     if validation_predictions is not None:
         save_validation_predictions(output / VALIDATION_PREDICTIONS_FILE, validation_predictions.labels,
                                     validation_predictions.scores, validation_rows)
@@ -463,6 +534,34 @@ def save_predictions(path: Path, predictions: Predictions) -> None:
     atomic_write(path, lambda temporary: save_file(arrays, str(temporary)))
 
 
+def labels_file_of(npz_path: Path) -> Path:
+    """The label-names file that goes with a predictions .npz: predictions.npz -> predictions_labels.json."""
+    return Path(npz_path).with_name(Path(npz_path).stem + "_labels.json")
+
+
+def save_predictions_npz(path: Path, labels: np.ndarray, scores: np.ndarray, label_names: list[str]) -> None:
+    """The top-k as the sparse score matrix PECOS and pyxclib users exchange: a scipy CSR (N, L) of float32,
+    row i holding the scores of document i's top-k labels (ids -1, empty slots, left out), written with
+    scipy.sparse.save_npz; the L column names go beside it in labels_file_of(path), a JSON list.
+    labels, scores: (N, k); label_names: (L,) the names of the label ids."""
+    labels, scores = np.asarray(labels), np.asarray(scores, dtype=np.float32)
+    rows = np.broadcast_to(np.arange(labels.shape[0])[:, None], labels.shape)
+    kept = labels >= 0
+    # built from (data, indices, indptr) directly: a COO conversion would drop nothing but sums duplicates,
+    # and a score of 0.0 is a prediction that must stay a stored entry
+    order = np.lexsort((labels[kept], rows[kept]))
+    indptr = np.concatenate(([0], np.cumsum(kept.sum(axis=1))))
+    matrix = sp.csr_matrix((scores[kept][order], labels[kept][order].astype(np.int32), indptr),
+                           shape=(labels.shape[0], len(label_names)))
+
+    def write(temporary: Path) -> None:
+        with open(temporary, "wb") as file:   # a file object: given a name, numpy would append ".npz" to it
+            sp.save_npz(file, matrix, compressed=True)
+
+    atomic_write(path, write)
+    write_json(labels_file_of(path), list(label_names))
+
+
 def save_validation_predictions(path: Path, labels: np.ndarray, scores: np.ndarray, rows: np.ndarray) -> None:
     """The final model's top-k on the validation rows, for choosing ensemble weights without the test set
     (xmcbench.ensemble, --fusion weighted). Every method writes this one format:
@@ -485,48 +584,93 @@ def write_training_log(output: Path, log) -> None:
     write_json(output / "training_log.json", {"steps": log.steps, "validation": log.validation,
                                               "selected_epoch": log.selected_epoch,
                                               "stopped_early": log.stopped_early, "swa_updates": log.swa_updates})
-    plot_loss(output / "loss.png", log.steps)
-
-
-def plot_loss(path: Path, steps: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(7, 4))
-    for key in ("loss", "recall", "rank"):   # a multi-stage method logs each part only where it counts
-        points = [(s["step"], s[key]) for s in steps if key in s]
-        if points:
-            axes.plot(*zip(*points), label=key, linewidth=1)
-    axes.set_xlabel("step")
-    axes.set_ylabel("training loss (BCE)")
-    axes.set_yscale("log")
-    axes.legend()
-    figure.tight_layout()
-    atomic_write(path, lambda temporary: figure.savefig(temporary, format="png", dpi=100))
-    plt.close(figure)
+    plot_run_loss(log.steps, output / "loss.png")   # the report's loss figure, drawn for this run's parts
 
 
 # -- using a saved model ----------------------------------------------------------------------------
 
 def evaluate_run(run_dir: Path, dataset_name: str | None = None, data_dir: Path | None = None,
-                 registry: Registry | None = None) -> dict:
-    """Score a saved model on a dataset's test split (its own training dataset by default)."""
+                 registry: Registry | None = None, options: FormatOptions | None = None,
+                 set_options: list[str] = ()) -> dict:
+    """Score a saved model on a dataset's test split (its own training dataset by default); options: how to
+    read a dataset path (open_dataset); set_options: evaluation settings (evaluation_config) over the run's."""
     from xmcbench.storage import read_json
 
     registry = registry or build_registry()
     model, config, label_names = load_saved_model(run_dir, registry)
+    config = evaluation_config(config, set_options)
     if dataset_name is None:
         config_path = Path(run_dir) / "config.json"
         if not config_path.exists():
             raise XmcError(f"{run_dir} does not say which dataset it was trained on; pass --dataset")
-        dataset_name = read_json(config_path)["dataset"]
-    dataset = open_dataset(registry, dataset_name, data_dir)
-    truth, inv_propensity, label_counts = truth_and_counts_in_vocabulary(dataset, label_names)
-    predictions = predict_saved_model(model, dataset.test_texts, f"{dataset.version}/test", config,
+        saved = read_json(config_path)
+        dataset_name = saved["dataset"]
+        options = options if options not in (None, FormatOptions()) else reading_of(saved)
+    dataset = open_dataset(registry, dataset_name, data_dir, options)
+    truth = remap_labels(dataset.test_labels, dataset.label_names, label_names)
+    predictions = predict_saved_model(model, test_documents(model, dataset), f"{dataset.version}/test", config,
                                       description="predicting test", tokenizing="tokenizing test")
-    return score(predictions, truth, model, inv_propensity, label_counts)
+    return score(predictions, truth, model, propensities(dataset, config, label_names), config.eval_ks)
+
+
+def rescore_run(run_dir: Path, data_dir: Path | None = None, registry: Registry | None = None,
+                log=print) -> dict:
+    """Score a finished run's saved test predictions (predictions.safetensors) again under this version's
+    metric definitions, on the dataset it was trained on, and rewrite its metrics.json (and write
+    predictions.npz when missing); return the new metrics. The model files are not needed, so this works
+    for runs whose weights were not kept or stayed on another machine. Recaller coverage needs the
+    model's clusters: it is kept from the old metrics.json."""
+    from safetensors.numpy import load_file
+
+    from xmcbench.storage import read_json
+
+    run_dir = Path(run_dir)
+    for needed in ("config.json", FINISHED_MARKER, "predictions.safetensors", "model/labels.json"):
+        if not (run_dir / needed).is_file():
+            raise XmcError(f"{run_dir} is not a finished run with saved predictions ({needed} is missing); "
+                           "pass a run directory that `xmcbench run` finished")
+    registry = registry or build_registry()
+    saved, previous = read_json(run_dir / "config.json"), read_json(run_dir / FINISHED_MARKER)
+    config = TrainConfig.from_dict(saved["config"])
+    label_names = read_json(run_dir / "model" / "labels.json")
+    dataset = open_dataset(registry, saved["dataset"], data_dir, reading_of(saved))
+    if saved.get("dataset_version") not in (None, dataset.version):
+        raise XmcError(f"{run_dir} was trained on version {saved['dataset_version']} of {saved['dataset']}, "
+                       f"which now reads as version {dataset.version}; its predictions are of other documents")
+    arrays = load_file(str(run_dir / "predictions.safetensors"))
+    predictions = Predictions(arrays["labels"], arrays["scores"], None)
+    if predictions.labels.shape[1] < max(config.eval_ks):
+        raise XmcError(f"{run_dir} saved {predictions.labels.shape[1]} labels per document, fewer than "
+                       f"eval_ks needs ({max(config.eval_ks)})")
+    truth = remap_labels(dataset.test_labels, dataset.label_names, label_names)
+    metrics = score(predictions, truth, None, propensities(dataset, config, label_names), config.eval_ks)
+    kept = {key: previous[key] for key in ("dataset", "test_documents", "unseen_test_labels", "coverage")
+            if key in previous}
+    rescored = {**kept, **metrics, "rescored": {"xmcbench_version": xmcbench.__version__,
+                                                "date": datetime.datetime.now().isoformat(timespec="seconds")}}
+    if not (run_dir / PREDICTIONS_NPZ).is_file():
+        save_predictions_npz(run_dir / PREDICTIONS_NPZ, predictions.labels, predictions.scores, label_names)
+    write_json(run_dir / FINISHED_MARKER, rescored)
+    log(f"{run_dir}: P@1 {previous.get('P@1', float('nan')):.2f} -> {metrics['P@1']:.2f}, "
+        f"PSP@5 {previous.get('PSP@5', float('nan')):.2f} -> {metrics.get('PSP@5', float('nan')):.2f}")
+    return rescored
+
+
+# Settings that change how predictions are scored, not what a model predicts: `evaluate --set` takes these.
+EVALUATION_SETTINGS = ("eval_ks", "propensity_a", "propensity_b")
+
+
+def evaluation_config(config: TrainConfig, set_options: list[str] = ()) -> TrainConfig:
+    """config with `--set` evaluation settings (EVALUATION_SETTINGS) applied, top_k raised to max(eval_ks)."""
+    overrides = parse_set_options(list(set_options))
+    others = [key for key in overrides if key not in EVALUATION_SETTINGS]
+    if others:
+        raise XmcError(f"--set {others[0]}: evaluate takes only the scoring settings {', '.join(EVALUATION_SETTINGS)}; "
+                       "the model's other settings are fixed")
+    config = apply_overrides(config, overrides, "--set")
+    config.top_k = max(config.top_k, max(config.eval_ks))
+    config.validate("--set")
+    return config
 
 
 def load_saved_model(run_dir: Path, registry: Registry) -> tuple[XMCModel | WholeMethod, TrainConfig, list[str]]:
@@ -537,33 +681,27 @@ def load_saved_model(run_dir: Path, registry: Registry) -> tuple[XMCModel | Whol
     return load_model_dir(run_dir, registry)
 
 
-def predict_saved_model(model: XMCModel | WholeMethod, texts: list[str], texts_key: str | None, config: TrainConfig,
-                        description: str = "predicting", tokenizing: str = "tokenizing") -> Predictions:
-    """The top config.top_k labels of raw texts with a model from load_saved_model. texts_key: the texts'
-    key in the tokenization cache (None: not cached); description, tokenizing: the progress lines' names."""
+def test_documents(model: XMCModel | WholeMethod, dataset: Dataset) -> list[str] | sp.csr_matrix:
+    """What a saved model reads of a dataset's test split: its texts, or its sparse features for a whole method
+    that reads them (the choice its run made, whole_methods.reads_features)."""
+    features = isinstance(model, WholeMethod) and whole_methods.reads_features(type(model), dataset)
+    if not features and not dataset.test_texts:
+        whole_methods.check_inputs("this model", None, dataset, build_registry())
+    return whole_methods.documents_of(dataset, "test", None, features)
+
+
+def predict_saved_model(model: XMCModel | WholeMethod, texts: list[str] | sp.csr_matrix, texts_key: str | None,
+                        config: TrainConfig, description: str = "predicting",
+                        tokenizing: str = "tokenizing") -> Predictions:
+    """The top config.top_k labels of raw texts (or, for a whole method that reads them, (N, D) CSR sparse
+    features) with a model from load_saved_model. texts_key: the texts' key in the tokenization cache (None:
+    not cached); description, tokenizing: the progress lines' names."""
     if isinstance(model, WholeMethod):
         return whole_methods.predict(model, texts, config.top_k)
     set_threads(config)
     device = pick_device(config)
     tokens = tokenize(texts, model.encoder.tokenizer, config.max_length, texts_key, description=tokenizing)
     return predict(model, tokens, config, device, description=description)
-
-
-def truth_in_vocabulary(dataset: Dataset, model_label_names: list[str]) -> tuple[sp.csr_matrix, np.ndarray]:
-    """A dataset's test labels (N, L_total) and inverse propensities (L_total,) re-indexed to a model's
-    label vocabulary, for scoring a saved model on any dataset that shares its labels."""
-    truth, inv, _ = truth_and_counts_in_vocabulary(dataset, model_label_names)
-    return truth, inv
-
-
-def truth_and_counts_in_vocabulary(dataset: Dataset, model_label_names: list[str]) \
-        -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
-    """truth_in_vocabulary, plus the training documents per label (L_total,) of the whole training set that
-    the propensities come from (for the frequency bins)."""
-    truth = remap_labels(dataset.test_labels, dataset.label_names, model_label_names)
-    counts = label_document_counts(remap_labels(dataset.train_labels, dataset.label_names, model_label_names))
-    inv = 1.0 / propensity_scores(counts, len(dataset.train_texts), dataset.propensity_a, dataset.propensity_b)
-    return truth, inv, counts
 
 
 def remap_labels(labels: sp.csr_matrix, names: list[str], model_names: list[str]) -> sp.csr_matrix:
@@ -575,6 +713,122 @@ def remap_labels(labels: sp.csr_matrix, names: list[str], model_names: list[str]
     labels = labels.tocoo()
     return sp.csr_matrix((labels.data, (labels.row, mapping[labels.col])),
                          shape=(labels.shape[0], len(model_names) + len(unknown)))
+
+
+# -- scoring predictions made elsewhere ------------------------------------------------------------
+
+def ranked_labels(matrix: sp.csr_matrix, k: int) -> Predictions:
+    """A (N, L) sparse score matrix -> its top k per row as Predictions: labels (N, k) int64 by descending
+    score (ties: lower id first), scores (N, k) float32; rows with fewer stored entries end in -1 slots.
+    Every stored entry is a prediction, whatever its score (0 and negative scores included)."""
+    matrix = sp.csr_matrix(matrix)
+    matrix.sum_duplicates()
+    num_docs = matrix.shape[0]
+    rows = np.repeat(np.arange(num_docs, dtype=np.int64), np.diff(matrix.indptr))
+    order = np.lexsort((matrix.indices, -matrix.data, rows))
+    rank = np.arange(rows.size) - matrix.indptr[rows]     # rows stay grouped in order: the row is the first key
+    keep = rank < k
+    labels = np.full((num_docs, k), -1, dtype=np.int64)
+    scores = np.full((num_docs, k), -np.inf, dtype=np.float32)
+    labels[rows[keep], rank[keep]] = matrix.indices[order][keep]
+    scores[rows[keep], rank[keep]] = matrix.data[order][keep]
+    return Predictions(labels, scores, None)
+
+
+def _read_score_matrix(path: Path) -> sp.csr_matrix:
+    path = Path(path)
+    if not path.is_file():
+        raise XmcError(f"{path} does not exist; pass a scipy sparse matrix saved with scipy.sparse.save_npz")
+    try:
+        matrix = sp.load_npz(path)
+    except Exception as error:   # numpy and zipfile raise several types for a file that is not one
+        raise XmcError(f"{path} is not a sparse matrix saved with scipy.sparse.save_npz ({type(error).__name__}: "
+                       f"{' '.join(str(error).split())})") from None
+    matrix = sp.csr_matrix(matrix, dtype=np.float64)
+    if not np.all(np.isfinite(matrix.data)):
+        raise XmcError(f"{path} holds scores that are not finite numbers (NaN or infinite); fix the system's output")
+    return matrix
+
+
+def _column_names(path: Path, labels_file: Path | None, num_columns: int, dataset: Dataset) -> list[str]:
+    """The label name of each column of a score matrix: from labels_file (a JSON list, or one name per line),
+    else from the file xmcbench writes beside its own (labels_file_of), else the dataset's label ids."""
+    labels_file = labels_file or (labels_file_of(path) if labels_file_of(path).is_file() else None)
+    if labels_file is None:
+        if num_columns not in (dataset.num_labels, len(dataset.label_names)):
+            raise XmcError(f"{path} has {num_columns} columns but {dataset.name} has {dataset.num_labels} training "
+                           f"labels ({len(dataset.label_names)} with the test-only ones); give the name of each "
+                           "column with --labels FILE")
+        return list(dataset.label_names[:num_columns])
+    from xmcbench.data import read_texts
+
+    try:
+        names = json.loads(Path(labels_file).read_text(encoding="utf-8")) if str(labels_file).endswith(".json") \
+            else read_texts(labels_file)
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise XmcError(f"cannot read the label names in {labels_file}: {error}") from None
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise XmcError(f"{labels_file} must be a JSON list of label names, or one name per line")
+    if len(names) != num_columns:
+        raise XmcError(f"{labels_file} names {len(names)} labels but {path} has {num_columns} columns; one name "
+                       "per column, in column order")
+    if len(set(names)) != len(names):
+        raise XmcError(f"{labels_file} names a label twice; one name per column")
+    return names
+
+
+def evaluate_predictions(path: Path, dataset_name: str, data_dir: Path | None = None,
+                         registry: Registry | None = None, options: FormatOptions | None = None,
+                         set_options: list[str] = (), labels_file: Path | None = None) \
+        -> tuple[dict, Dataset, TrainConfig]:
+    """Score a score matrix that any system wrote (xmcbench's predictions.npz, PECOS, pyxclib, ...) on a
+    dataset's test split, exactly as xmcbench scores its own runs.
+
+    path: a scipy CSR (N_test, L) saved with scipy.sparse.save_npz, row i scoring test document i, every
+    stored entry a predicted label; columns are the dataset's label ids (its sorted training labels, then
+    the test-only ones), or named by labels_file (or by the labels file beside it, labels_file_of).
+    set_options: scoring settings (EVALUATION_SETTINGS), over TrainConfig's defaults.
+    Returns (metrics, the dataset, the config they were scored with)."""
+    config = evaluation_config(TrainConfig(), set_options)
+    registry = registry or build_registry()
+    matrix = _read_score_matrix(path)
+    dataset = open_dataset(registry, dataset_name, data_dir, options)
+    num_test = dataset.test_labels.shape[0]
+    if matrix.shape[0] != num_test:
+        raise XmcError(f"{path} has {matrix.shape[0]} rows but the test split of {dataset.name} has {num_test} "
+                       "documents; row i must score test document i")
+    names = _column_names(path, labels_file, matrix.shape[1], dataset)
+    truth = remap_labels(dataset.test_labels, dataset.label_names, names)
+    predictions = ranked_labels(matrix, max(config.eval_ks))
+    return score(predictions, truth, None, propensities(dataset, config, names), config.eval_ks), dataset, config
+
+
+def write_external_run(output: Path, name: str, predictions_path: Path, dataset_ref: str, dataset: Dataset,
+                       config: TrainConfig, metrics: dict) -> Path:
+    """A run-like directory for predictions made outside xmcbench, which `xmcbench report` reads beside
+    runs: config.json (method "external:NAME", the dataset, the scoring settings) and metrics.json."""
+    output = Path(output)
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise XmcError(f"{output} is not an empty folder; choose another --output")
+    settings = {key: getattr(config, key) for key in ("seed", *EVALUATION_SETTINGS)}
+    if Path(dataset_ref).exists():   # a folder: its full path, as a run's config.json records it
+        dataset_ref = str(Path(dataset_ref).resolve())
+    write_json(output / "config.json", {
+        "method": f"external:{name}", "dataset": dataset_ref, "dataset_name": dataset.name,
+        "dataset_version": dataset.version, "config": settings,
+        "resolved": {"predictions": str(Path(predictions_path).resolve())}})
+    write_json(output / FINISHED_MARKER, {"dataset": dataset.name, "test_documents": dataset.test_labels.shape[0],
+                                          "unseen_test_labels": len(dataset.label_names) - dataset.num_labels,
+                                          **metrics})
+    return output
+
+
+def keep_scores_at_least(result: dict, threshold: float | None) -> dict:
+    """A predict result ({"labels", "scores"}) without the labels scoring below threshold (None: all kept)."""
+    if threshold is None:
+        return result
+    kept = [(label, value) for label, value in zip(result["labels"], result["scores"]) if value >= threshold]
+    return {**result, "labels": [label for label, _ in kept], "scores": [value for _, value in kept]}
 
 
 def predict_texts(run_dir: Path, texts: list[str], top_k: int = 5, registry: Registry | None = None) -> list[dict]:

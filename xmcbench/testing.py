@@ -807,3 +807,37 @@ def check_whole_method(factory, config, top_ks=(1, 5, 12)) -> None:
             check.require(_same_predictions(expected[top_k], refitted),
                           "fitting again with the same config (seed, one thread) must give the same predictions "
                           "(or declare deterministic = False)", _prediction_difference(expected[top_k], refitted))
+
+        if factory.reads_features:
+            _check_features_path(check, factory, config, dataset, train_labels, scratch, top_ks[-1])
+
+
+def _check_features_path(check: "_Check", factory, config, dataset, train_labels, scratch: Path, top_k: int) -> None:
+    """reads_features: fit_features on a bag of words of the tiny dataset, predict_features in the contract's
+    format for every test document (one at a time as well as together), and the same after save and load."""
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    counts = CountVectorizer().fit(dataset.train_texts)
+    train, test = counts.transform(dataset.train_texts).tocsr(), counts.transform(dataset.test_texts).tocsr()
+    train, test = train.astype(np.float32), test.astype(np.float32)
+    num_labels = dataset.num_labels
+    what = f"the {test.shape[0]} test documents' features, top_k={top_k}"
+    with check.rule("reads_features = True: fit_features(train_features, train_labels, num_labels, config, log) "
+                    "must work"):
+        model = factory.fit_features(train, train_labels, num_labels, config, lambda line: None)
+    with check.rule(f"predict_features on {what} must work"):
+        expected = model.predict_features(test, top_k)
+    _check_top_k(check, *expected, test.shape[0], top_k, num_labels, what)
+    with check.rule("predict_features on one document must work"):
+        first = model.predict_features(test[:1], top_k)
+    check.require(_same_predictions(tuple(part[:1] for part in expected), first),
+                  "a document's prediction must not depend on the other documents predicted with it",
+                  _prediction_difference(tuple(part[:1] for part in expected), first))
+    with check.rule("save(folder) of a model fitted on features must work"):
+        model.save(scratch / "features-model")
+    with check.rule("load(folder, config) of a model fitted on features must work"):
+        loaded = factory.load(scratch / "features-model", config)
+    with check.rule(f"predict_features on {what}, loaded, must work"):
+        found = loaded.predict_features(test, top_k)
+    check.require(_same_predictions(expected, found), "a saved and loaded model fitted on features must predict "
+                  "exactly as the fitted one", _prediction_difference(expected, found))

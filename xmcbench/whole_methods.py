@@ -1,11 +1,11 @@
 """Whole methods (`xmcbench.interfaces.WholeMethod`): their runs, their saved models, their predictions.
 
 A whole method's run writes the run directory a component method's does — config.json, environment.json,
-timings.json, predictions.safetensors, validation_predictions.safetensors (with a validation split),
-data_report.json, metrics.json last, the `.xmcbench-run` claim — with the same split of the training set
-(`runner.split_train_rows`), the same propensities and the same scoring code. It has no training_log.json,
-loss.png or checkpoints: fitting is one call, and `xmcbench run --resume` fits again from the start. Its
-model folder:
+timings.json, predictions.safetensors and predictions.npz, validation_predictions.safetensors (with a
+validation split), data_report.json, metrics.json last, the `.xmcbench-run` claim — with the same split of
+the training set (`runner.split_train_rows`), the same propensities (`runner.propensities`) and the same
+scoring code. It has no training_log.json, loss.png or checkpoints: fitting is one call, and `xmcbench run
+--resume` fits again from the start. Its model folder:
 
     model/model.json    schema, "whole_method" (the method's name), the config, num_labels, the size and
                         sha256 of every other file of the folder ("files"), and a checksum of itself
@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
 import xmcbench
@@ -46,16 +47,52 @@ REQUIRED_KEYS = ("schema", "whole_method", "config", "num_labels", "files")
 
 # -- predictions ------------------------------------------------------------------------------------
 
-def predict(model: WholeMethod, texts: list[str], top_k: int) -> Predictions:
-    """`model.predict` as the pipeline's Predictions: labels (N, top_k) int64, scores (N, top_k) float32,
-    no recalled clusters. A result of another shape is a bug of the plugin, not a user's mistake."""
-    labels, scores = model.predict(list(texts), top_k)
+def predict(model: WholeMethod, documents: list[str] | sp.csr_matrix, top_k: int) -> Predictions:
+    """`model.predict` (texts) or `model.predict_features` ((N, D) CSR features, see documents_of) as the
+    pipeline's Predictions: labels (N, top_k) int64, scores (N, top_k) float32, no recalled clusters. A result
+    of another shape is a bug of the plugin, not a user's mistake."""
+    if sp.issparse(documents):
+        count = documents.shape[0]
+        if count == 0:
+            return Predictions(np.full((0, top_k), -1, dtype=np.int64), np.full((0, top_k), -1.0, np.float32), None)
+        labels, scores = model.predict_features(documents.tocsr(), top_k)
+    else:
+        count = len(documents)
+        labels, scores = model.predict(list(documents), top_k)
     labels, scores = np.asarray(labels), np.asarray(scores)
-    if labels.shape != (len(texts), top_k) or scores.shape != labels.shape:
+    if labels.shape != (count, top_k) or scores.shape != labels.shape:
         raise ValueError(f"{type(model).__qualname__}.predict returned labels {labels.shape} and scores "
-                         f"{scores.shape} for {len(texts)} texts and top_k={top_k}; the contract is ({len(texts)}, "
+                         f"{scores.shape} for {count} documents and top_k={top_k}; the contract is ({count}, "
                          f"{top_k}) each (xmcbench.interfaces.WholeMethod)")
     return Predictions(labels.astype(np.int64, copy=False), scores.astype(np.float32, copy=False), None)
+
+
+def reads_features(method: type[WholeMethod], dataset: Dataset) -> bool:
+    """Whether a run of `method` on `dataset` fits on the dataset's own sparse features rather than its texts:
+    when the dataset has them and the method reads them (WholeMethod.reads_features)."""
+    return method.reads_features and dataset.train_features is not None
+
+
+def documents_of(dataset: Dataset, split: str, rows: np.ndarray | None, features: bool) -> list[str] | sp.csr_matrix:
+    """What a whole method reads of a split ("train" or "test"): the texts, or the (N, D) CSR features,
+    of `rows` (None: all)."""
+    if features:
+        matrix = dataset.train_features if split == "train" else dataset.test_features
+        return matrix if rows is None else matrix[rows]
+    texts = dataset.train_texts if split == "train" else dataset.test_texts
+    return texts if rows is None else [texts[i] for i in rows]
+
+
+def check_inputs(method_name: str, method: type[WholeMethod] | None, dataset: Dataset, registry: Registry) -> None:
+    """Refuse, in one line, a run that has nothing to read: a dataset of sparse features only (no texts)
+    given to a method that reads texts (every component method, and whole methods without reads_features)."""
+    if dataset.train_texts or (method is not None and reads_features(method, dataset)):
+        return
+    readers = sorted(name for name in registry.methods
+                     if getattr(registry.method(name).whole_method, "reads_features", False))
+    raise XmcError(f"{dataset.name} has sparse features but no texts, and {method_name} reads texts; use a method "
+                   f"that reads features ({', '.join(readers) or 'none is installed, e.g. plt from xmcbench-linear'}),"
+                   " or a copy of the dataset with its texts")
 
 
 # -- the run ----------------------------------------------------------------------------------------
@@ -69,7 +106,8 @@ def run_whole_method(plan, method: type[WholeMethod], output: Path | None, data_
     if dist.enabled:
         raise XmcError(f"{plan.method} is a whole method, which runs in one process: run it without torchrun")
     threads = set_threads(plan.config)
-    dataset = plan.loaded or open_dataset(registry, plan.dataset, data_dir)
+    dataset = plan.loaded or open_dataset(registry, plan.dataset, data_dir, plan.reading)
+    check_inputs(plan.method, method, dataset, registry)
     method.check(plan.config, dataset.num_labels)
     output = Path(output) if output else default_output(plan)
     claimed = claim_existing(output) if resume else claim_output(output, overwrite, is_finished)
@@ -87,8 +125,11 @@ def _fit_and_write(plan, method: type[WholeMethod], claimed: ClaimedRun, dataset
 
     config, output = plan.config, claimed.directory
     num_labels = dataset.num_labels
-    log(f"{plan.method} on {dataset.name}: {len(dataset.train_texts)} train / {len(dataset.test_texts)} test "
-        f"documents, {num_labels} labels; whole method {method.__module__}.{method.__qualname__}, {threads} threads")
+    features = reads_features(method, dataset)
+    inputs = f"the dataset's sparse features ({dataset.train_features.shape[1]} columns)" if features else "texts"
+    log(f"{plan.method} on {dataset.name}: {dataset.train_labels.shape[0]} train / {dataset.test_labels.shape[0]} "
+        f"test documents, {num_labels} labels, read as {inputs}; whole method "
+        f"{method.__module__}.{method.__qualname__}, {threads} threads")
     if plan.preset:
         log(f"settings of the {plan.method} preset for {plan.preset} (--set and --config win over it)")
     if "validation_size" in plan.derived:   # the one derived setting a whole method sees: its training rows
@@ -103,22 +144,24 @@ def _fit_and_write(plan, method: type[WholeMethod], claimed: ClaimedRun, dataset
     runner.write_run_config(output, plan, dataset, registry, {
         "num_labels": num_labels, "threads": threads, "device": "cpu", "processes": 1,
         "train_docs": len(train_rows), "validation_docs": len(validation_rows),
-        "whole_method": f"{method.__module__}.{method.__qualname__}", "deterministic": method.deterministic},
+        "whole_method": f"{method.__module__}.{method.__qualname__}", "deterministic": method.deterministic,
+        "inputs": "features" if features else "texts"},
         packages=method.packages)
 
     started = time.perf_counter()
-    model = method.fit([dataset.train_texts[i] for i in train_rows],
-                       dataset.train_labels[train_rows][:, :num_labels].tocsr(), num_labels, config, log)
+    fit = method.fit_features if features else method.fit
+    model = fit(documents_of(dataset, "train", train_rows, features),
+                dataset.train_labels[train_rows][:, :num_labels].tocsr(), num_labels, config, log)
     train_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    predictions = predict(model, dataset.test_texts, config.top_k)
+    predictions = predict(model, documents_of(dataset, "test", None, features), config.top_k)
     predict_seconds = time.perf_counter() - started
     validation_predictions = None
     if len(validation_rows):   # for ensembles, which choose member weights on these rows, never on test
-        validation_predictions = predict(model, [dataset.train_texts[i] for i in validation_rows], config.top_k)
+        validation_predictions = predict(model, documents_of(dataset, "train", validation_rows, features),
+                                         config.top_k)
 
-    metrics = runner.score(predictions, dataset.test_labels, None, runner.inverse_propensity(dataset, train_rows),
-                           label_counts=runner.label_document_counts(dataset.train_labels[train_rows]))
+    metrics = runner.score(predictions, dataset.test_labels, None, runner.propensities(dataset, config), config.eval_ks)
     save_model_dir(output / "model", model, plan.method, config, dataset.label_names[:num_labels])
     # one pass over the training documents: the ms/document/epoch of a component method's run
     runner.write_results(output, dataset, metrics, predictions, validation_predictions, validation_rows, train_seconds,

@@ -75,14 +75,24 @@ class PLTThatLosesItsVectoriser(NapkinPLT):
 
 
 class UnsortedOneVsRest(OneVsRestSVM):
-    def predict_features(self, features, top_k):
-        labels, scores = super().predict_features(features, top_k)
+    def predict_backend(self, features, top_k):
+        labels, scores = super().predict_backend(features, top_k)
         return labels[:, ::-1].copy(), scores[:, ::-1].copy()
+
+
+class PLTThatForgetsItsFeatureWidth(NapkinPLT):
+    """A model fitted on a dataset's features is saved without the number of feature columns it read."""
+
+    def save(self, folder):
+        self.num_features = None if self.features is None else self.num_features
+        super().save(folder)
 
 
 @pytest.mark.parametrize("broken, method, rule", [
     (PLTThatLosesItsVectoriser, "plt", "a saved and loaded model must predict exactly as the fitted one"),
     (UnsortedOneVsRest, "ovr", "labels must come best first"),
+    (PLTThatForgetsItsFeatureWidth, "plt", "predict_features on the 16 test documents' features, top_k=12, loaded, "
+                                           "must work"),
 ])
 def test_the_conformance_check_catches_a_broken_copy(broken, method, rule):
     with pytest.raises(AssertionError, match=f"{broken.__name__}: {rule}"):
@@ -196,3 +206,49 @@ def test_documents_without_labels_or_known_words_and_labels_without_documents(na
     model = METHODS[name].whole_method.fit(texts, labels, 3, config, lambda line: None)
     found, _ = model.predict(["python", "", "gtk widget"], 3)
     assert found[:, 0].tolist() == [0, 0, 1] and (found != 2).all()
+
+
+# -- datasets of sparse features (bag of words, no texts) ---------------------------------------------
+
+def write_bag_of_words(raw: Path, folder: Path) -> Path:
+    """The tiny raw-text dataset as Extreme Classification Repository files: word counts, no texts."""
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    from xmcbench.data import load_dataset_from_path
+
+    dataset = load_dataset_from_path(raw)
+    counts = CountVectorizer().fit(dataset.train_texts)
+    folder.mkdir(parents=True)
+    for split, texts, labels in (("train", dataset.train_texts, dataset.train_labels),
+                                 ("test", dataset.test_texts, dataset.test_labels)):
+        matrix = counts.transform(texts).tocsr()
+        lines = [f"{matrix.shape[0]} {matrix.shape[1]} {len(dataset.label_names)}"]
+        for row in range(matrix.shape[0]):
+            ids = ",".join(str(i) for i in labels[row].indices)
+            pairs = " ".join(f"{j}:{v}" for j, v in sorted(zip(matrix[row].indices, matrix[row].data)))
+            lines.append(f"{ids} {pairs}".strip())
+        (folder / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_a_dataset_of_sparse_features_trains_and_scores_the_linear_methods_and_refuses_the_others(
+        registry, dataset_dir, tmp_path):
+    bow = write_bag_of_words(dataset_dir, tmp_path / "bow")
+    plan = runner.plan_run(registry, "plt", str(bow), set_options=["validation_size=10"])
+    logged = []
+    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=logged.append)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["P@1"] > 30   # the tiny dataset's words predict its labels
+    assert json.loads((run_dir / "config.json").read_text())["resolved"]["inputs"] == "features"
+    assert any("no TF-IDF" in line for line in logged)
+    assert (run_dir / "validation_predictions.safetensors").is_file()
+    assert runner.evaluate_run(run_dir, registry=registry)["P@1"] == pytest.approx(metrics["P@1"])
+
+    with pytest.raises(XmcError) as error:   # the model reads feature columns, not texts
+        runner.predict_texts(run_dir, ["some text"], top_k=3, registry=registry)
+    assert "fitted on a dataset's sparse features" in str(error.value) and "\n" not in str(error.value)
+    with pytest.raises(XmcError) as error:   # a transformer method has nothing to read
+        runner.plan_run(registry, "lightxml", str(bow))
+    message = str(error.value)
+    assert "has sparse features but no texts, and lightxml reads texts" in message and "plt" in message
+    assert "\n" not in message

@@ -70,8 +70,11 @@ def label_lists(labels: sp.csr_matrix) -> list[list[int]]:
 
 
 class LinearMethod(WholeMethod):
-    """TF-IDF features, then a backend fitted on them. A subclass names its backend (module and pip extra),
-    declares its options with their defaults, and implements the four backend steps."""
+    """TF-IDF features of the texts, or the dataset's own sparse features, then a backend fitted on them. A
+    subclass names its backend (module and pip extra), declares its options with their defaults, and
+    implements the four backend steps."""
+
+    reads_features = True
 
     #: what the methods are called in messages, the module the backend is imported from, and the extra of
     #: this package that installs it
@@ -81,11 +84,13 @@ class LinearMethod(WholeMethod):
     #: the options (config.options) the backend reads, with their defaults; TF-IDF's are added
     OPTIONS: dict = {}
 
-    def __init__(self, features: TfidfFeatures, num_labels: int, settings: dict, threads: int) -> None:
-        self.features = features
+    def __init__(self, features: TfidfFeatures | None, num_labels: int, settings: dict, threads: int,
+                 num_features: int | None = None) -> None:
+        self.features = features   # None: fitted on a dataset's own sparse features, of num_features columns
         self.num_labels = num_labels
         self.settings = settings   # every option, resolved
         self.threads = threads
+        self.num_features = features.num_features if features is not None else num_features
 
     # -- settings and backend ---------------------------------------------------------------------
     @classmethod
@@ -149,12 +154,28 @@ class LinearMethod(WholeMethod):
         model.fit_backend(matrix, sp.csr_matrix(train_labels, dtype=np.float32), config.seed, log)
         return model
 
+    @classmethod
+    def fit_features(cls, train_features: sp.csr_matrix, train_labels: sp.csr_matrix, num_labels: int,
+                     config: TrainConfig, log: Callable[[str], None]) -> "LinearMethod":
+        cls.check(config, num_labels)
+        matrix = sp.csr_matrix(train_features, dtype=np.float32)
+        matrix.sort_indices()
+        log(f"the dataset's features: {matrix.shape[0]} documents x {matrix.shape[1]} columns, "
+            f"{matrix.nnz / max(1, matrix.shape[0]):.0f} per document (no TF-IDF)")
+        model = cls(None, num_labels, cls.settings_of(config), threads_of(config), num_features=matrix.shape[1])
+        model.fit_backend(matrix, sp.csr_matrix(train_labels, dtype=np.float32), config.seed, log)
+        return model
+
     def save(self, folder: Path) -> None:
         folder = Path(folder)
         folder.mkdir(parents=True)
-        self.features.save(folder)
+        if self.features is not None:
+            self.features.save(folder)
+        inputs = "texts" if self.features is not None else "features"
         (folder / MODEL_FILE).write_text(json.dumps({"method": type(self).__name__, "num_labels": self.num_labels,
-                                                     "settings": self.settings}, indent=2) + "\n", encoding="utf-8")
+                                                     "settings": self.settings, "inputs": inputs,
+                                                     "num_features": self.num_features}, indent=2) + "\n",
+                                         encoding="utf-8")
         (folder / BACKEND_FOLDER).mkdir()
         self.save_backend(folder / BACKEND_FOLDER)
 
@@ -166,14 +187,28 @@ class LinearMethod(WholeMethod):
         if saved.get("method") != cls.__name__:
             raise XmcError(f"{folder / MODEL_FILE} holds a {saved.get('method')!r} model, not {cls.__name__}: the "
                            "model folder is damaged; re-run training")
-        model = cls(TfidfFeatures.load(folder), int(saved["num_labels"]), saved["settings"], threads_of(config))
+        features = TfidfFeatures.load(folder) if saved.get("inputs", "texts") == "texts" else None
+        model = cls(features, int(saved["num_labels"]), saved["settings"], threads_of(config),
+                    num_features=saved.get("num_features"))
         model.load_backend(folder / BACKEND_FOLDER)
         return model
 
     def predict(self, texts: list[str], top_k: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.features is None:
+            raise XmcError(f"this {self.TITLE} model was fitted on a dataset's sparse features ({self.num_features} "
+                           "columns), not on texts: score it on such a dataset with `xmcbench evaluate`")
         if not texts:
             return np.full((0, top_k), -1, dtype=np.int64), np.full((0, top_k), -1.0, dtype=np.float32)
-        return self.predict_features(self.features.transform(texts), top_k)
+        return self.predict_backend(self.features.transform(texts), top_k)
+
+    def predict_features(self, features: sp.csr_matrix, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.features is not None or features.shape[1] != self.num_features:
+            fitted = "texts (TF-IDF)" if self.features is not None else f"{self.num_features} feature columns"
+            raise XmcError(f"this {self.TITLE} model was fitted on {fitted}, and these documents have "
+                           f"{features.shape[1]} feature columns: score it on the dataset it was fitted on")
+        matrix = sp.csr_matrix(features, dtype=np.float32)
+        matrix.sort_indices()
+        return self.predict_backend(matrix, top_k)
 
     # -- what each backend implements ---------------------------------------------------------------
     @abstractmethod
@@ -189,5 +224,5 @@ class LinearMethod(WholeMethod):
         """Read what save_backend wrote."""
 
     @abstractmethod
-    def predict_features(self, features: sp.csr_matrix, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    def predict_backend(self, features: sp.csr_matrix, top_k: int) -> tuple[np.ndarray, np.ndarray]:
         """(N, F) CSR, N >= 1 -> labels (N, top_k) int64, scores (N, top_k) float32 (see top_k_arrays)."""

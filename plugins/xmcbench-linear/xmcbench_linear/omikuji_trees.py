@@ -162,7 +162,7 @@ class OmikujiTrees(LinearMethod):
         shutil.copytree(folder, self._private_folder())
         self._load_private()
 
-    def predict_features(self, features: sp.csr_matrix, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    def predict_backend(self, features: sp.csr_matrix, top_k: int) -> tuple[np.ndarray, np.ndarray]:
         beam = self.settings["omikuji_beam_size"]
         rows = []
         with quiet_native_output():

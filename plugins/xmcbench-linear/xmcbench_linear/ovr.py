@@ -123,7 +123,7 @@ class OneVsRestSVM(LinearMethod):
                                          shape=tuple(int(n) for n in saved["shape"]))
             self.bias, self.trained = saved["bias"], saved["trained"]
 
-    def predict_features(self, features: sp.csr_matrix, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    def predict_backend(self, features: sp.csr_matrix, top_k: int) -> tuple[np.ndarray, np.ndarray]:
         labels = np.full((features.shape[0], top_k), -1, dtype=np.int64)
         scores = np.full((features.shape[0], top_k), -1.0, dtype=np.float32)
         width = min(top_k, self.num_labels)

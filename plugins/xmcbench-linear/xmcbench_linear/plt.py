@@ -82,5 +82,5 @@ class NapkinPLT(LinearMethod):
             shutil.copyfile(file, Path(private) / file.name)
         self.model = self._model(private)
 
-    def predict_features(self, features: sp.csr_matrix, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    def predict_backend(self, features: sp.csr_matrix, top_k: int) -> tuple[np.ndarray, np.ndarray]:
         return top_k_arrays(self.model.predict_proba(features, top_k=top_k), top_k)

@@ -1,0 +1,377 @@
+"""Data formats: what a plugin implements so that `--dataset PATH` reads (and `xmcbench convert` writes)
+a folder or file in a layout other than the raw-text one.
+
+A format is a `DataFormat` registered through the `xmcbench_register_formats` hook: a name, a `detect`
+function that recognises a path, a `read` function that turns the path into an `xmcbench.data.Dataset`, and
+optionally a `write` function (the inverse). `FormatOptions` carries what the user said about the data
+(`--text-column`, `--label-column`, `--label-separator`, `--id-column`, `--test-size`, the split seed).
+
+Helpers every reader may use: `dataset_from_rows` (label-name lists to the Dataset contract), `split_test`
+(a seeded, optionally grouped train/test split of a single file), `content_version` (the cache key of the
+files read and the options that shaped them) and `read_xc_sparse` (the Extreme Classification Repository's
+sparse files, parsed by scikit-learn's C parser).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from dataclasses import asdict, dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import scipy.sparse as sp
+
+from xmcbench.data import Dataset, _gc_paused, _label_matrix, open_binary
+from xmcbench.errors import XmcError
+from xmcbench.storage import fingerprint
+
+# The option users type to choose a format; `compare` already uses --format for its table format.
+FORMAT_OPTION_HINT = "--format NAME (--data-format NAME in `compare`)"
+
+
+@dataclass(frozen=True)
+class FormatOptions:
+    """What the user said about how to read (or write) a dataset; None means "the format's default".
+
+    format_name: the format to read with (--format), None to detect it. test_size: for a single file, the share
+    (0 < x < 1) or the number (an integer >= 1) of rows, or of groups when id_column is set, that become the
+    test set; seed: the seed of that split.
+    """
+
+    format_name: str | None = None
+    text_column: str | None = None
+    label_column: str | None = None
+    label_separator: str | None = None
+    id_column: str | None = None
+    test_size: float | None = None
+    seed: int = 0
+
+    def given(self) -> dict:
+        """The options the user set, for error messages and for the dataset version (the seed counts
+        only with a split)."""
+        values = {key: value for key, value in asdict(self).items()
+                  if value is not None and key not in ("seed", "format_name")}
+        if self.test_size is not None:
+            values["seed"] = self.seed
+        return values
+
+    def refuse(self, format_name: str, *names: str) -> None:
+        """Raise XmcError if any of the named options is set: the format has no use for it."""
+        used = [name for name in names if getattr(self, name) is not None]
+        if used:
+            flags = ", ".join("--" + name.replace("_", "-") for name in used)
+            raise XmcError(f"the {format_name} format does not use {flags}; drop {'it' if len(used) == 1 else 'them'}"
+                           f" (`xmcbench formats` lists what each format reads)")
+
+
+@dataclass(frozen=True)
+class DataFormat:
+    """One data format a plugin registers.
+
+    name: what users pass to --format / --to, e.g. "delimited".
+    description: one line for `xmcbench formats`.
+    detect(path) -> bool: True when the file or folder is in this format; cheap (names and at most a first
+        line), never raises for a path that is simply something else.
+    read(path, options) -> Dataset: the whole dataset (texts, label matrices, and `train_features` /
+        `test_features` (N, D) float32 csr when the format has them); user mistakes raise XmcError in one line.
+        Its `version` must change with the files' contents and with the options that shaped the result.
+    write(dataset, folder, options) -> None, or None when the format is read-only: writes `dataset` into the
+        new folder `folder` so that `read` gives it back (texts, labels, features, as far as the format holds them).
+    extra: the optional dependency group the format needs (`pip install 'xmcbench[EXTRA]'`), "" for none.
+    """
+
+    name: str
+    description: str
+    detect: Callable[[Path], bool]
+    read: Callable[[Path, FormatOptions], Dataset]
+    write: Callable[[Dataset, Path, FormatOptions], None] | None = None
+    extra: str = ""
+
+
+# ---------------------------------------------------------------------------------------------- choosing
+
+def detect_format(registry, path: Path) -> DataFormat:
+    """The one registered format that recognises `path`; XmcError in one line when none or several do."""
+    matches = [entry.value for entry in registry.formats.values() if _detects(entry.value, path)]
+    if len(matches) == 1:
+        return matches[0]
+    names = ", ".join(sorted(registry.formats)) or "none is registered"
+    if not matches:
+        raise XmcError(f"{path} is in no data format xmcbench recognises (registered formats: {names}); choose "
+                       f"one with {FORMAT_OPTION_HINT}, and see docs/data-formats.md for the layouts")
+    raise XmcError(f"{path} looks like several data formats: {', '.join(sorted(f.name for f in matches))}; choose "
+                   f"one with {FORMAT_OPTION_HINT}")
+
+
+def _detects(data_format: DataFormat, path: Path) -> bool:
+    try:
+        return bool(data_format.detect(path))
+    except OSError:   # unreadable: not this format's business to report
+        return False
+
+
+def read_dataset(registry, path: Path, options: FormatOptions | None = None) -> Dataset:
+    """Read a folder or file with the format `options.format_name`, or the one that recognises it."""
+    options = options or FormatOptions()
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise XmcError(f"{path} does not exist; pass a folder or file holding the dataset")
+    data_format = registry.format(options.format_name) if options.format_name else detect_format(registry, path)
+    return data_format.read(path, options)
+
+
+def write_dataset(registry, dataset: Dataset, folder: Path, format_name: str,
+                  options: FormatOptions | None = None) -> Path:
+    """Write `dataset` into the new (or empty) `folder` in the named format; returns the folder."""
+    data_format = registry.format(format_name)
+    if data_format.write is None:
+        writers = ", ".join(sorted(name for name, e in registry.formats.items() if e.value.write is not None))
+        raise XmcError(f"the {format_name} format can be read but not written; write one of: {writers}")
+    folder = Path(folder).expanduser()
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise XmcError(f"{folder} exists and is not an empty folder; name a new folder to write the dataset into")
+    folder.mkdir(parents=True, exist_ok=True)
+    data_format.write(dataset, folder, options or FormatOptions())
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------- building
+
+def content_version(files: list[Path], *parts) -> str:
+    """A Dataset.version: sha256 (first 16 hex) over the bytes of `files` (as stored) and JSON `parts`."""
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(f"{Path(file).name}\n".encode())
+        with open(file, "rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(block)
+    digest.update(fingerprint(*parts).encode())
+    return digest.hexdigest()[:16]
+
+
+def dataset_from_rows(name: str, version: str, train_texts: list[str], train_rows: list[list[str]],
+                      test_texts: list[str], test_rows: list[list[str]], where: str,
+                      train_features: sp.csr_matrix | None = None, test_features: sp.csr_matrix | None = None,
+                      report: dict[str, int] | None = None) -> Dataset:
+    """A Dataset from label-name lists, under the same rules as the raw-text layout: label ids 0..L-1 are the
+    training labels (sorted names), then the labels seen only in test; repeated labels on a row count once.
+
+    train_texts, test_texts: (N_train,), (N_test,) str, or empty lists for a dataset of features only.
+    train_rows, test_rows: (N_train,), (N_test,) lists of label names. where: the path, for error messages.
+    """
+    _check_sizes(where, len(train_rows), len(test_rows))
+    with _gc_paused():
+        train_vocab = sorted(set(chain.from_iterable(train_rows)))
+        test_only = sorted(set(chain.from_iterable(test_rows)).difference(train_vocab))
+        label_names = train_vocab + test_only
+        vocab = {label: i for i, label in enumerate(label_names)}
+        train_labels, train_dups = _label_matrix(train_rows, vocab, len(label_names))
+        test_labels, test_dups = _label_matrix(test_rows, vocab, len(label_names))
+    counts = dict(report or {})
+    _count(counts, "duplicate_label_lines", train_dups + test_dups)
+    return _dataset(name, version, label_names, len(train_vocab), train_texts, train_labels, test_texts, test_labels,
+                    where, train_features, test_features, counts)
+
+
+def dataset_from_matrices(name: str, version: str, train_texts: list[str], train_labels: sp.csr_matrix,
+                          test_texts: list[str], test_labels: sp.csr_matrix, names: list[str], where: str,
+                          train_features: sp.csr_matrix | None = None, test_features: sp.csr_matrix | None = None,
+                          report: dict[str, int] | None = None) -> Dataset:
+    """A Dataset from 0/1 label matrices over the K labels `names` (formats that store label ids).
+
+    train_labels (N_train, K), test_labels (N_test, K) csr. Labels no document carries are dropped; the
+    training labels come first in `names` order, then the labels seen only in test (Dataset's contract).
+    """
+    _check_sizes(where, train_labels.shape[0], test_labels.shape[0])
+    train_labels, test_labels = (_binary(m) for m in (train_labels, test_labels))
+    in_train = np.zeros(len(names), dtype=bool)
+    in_train[train_labels.indices] = True
+    in_test = np.zeros(len(names), dtype=bool)
+    in_test[test_labels.indices] = True
+    order = np.concatenate([np.flatnonzero(in_train), np.flatnonzero(in_test & ~in_train)])
+    label_names = [names[i] for i in order.tolist()]
+    return _dataset(name, version, label_names, int(in_train.sum()), train_texts, train_labels[:, order].tocsr(),
+                    test_texts, test_labels[:, order].tocsr(), where, train_features, test_features, dict(report or {}))
+
+
+def _binary(labels: sp.spmatrix) -> sp.csr_matrix:
+    labels = sp.csr_matrix(labels, dtype=np.float32)
+    labels.sum_duplicates()
+    labels.eliminate_zeros()
+    labels.data[:] = 1.0
+    return labels
+
+
+def _check_sizes(where: str, num_train: int, num_test: int) -> None:
+    if not num_train:
+        raise XmcError(f"{where} has no training documents; it needs at least one row in its training part")
+    if not num_test:
+        raise XmcError(f"{where} has no test documents (a run scores its model on the test set); add test rows, "
+                       "or split one file with --test-size")
+
+
+def _count(counts: dict[str, int], key: str, n: int) -> None:
+    if n:
+        counts[key] = counts.get(key, 0) + n
+
+
+def _dataset(name, version, label_names, num_labels, train_texts, train_labels, test_texts, test_labels, where,
+             train_features, test_features, counts) -> Dataset:
+    """The checks and the report counts every reader shares, then the Dataset."""
+    if train_labels.nnz == 0:
+        raise XmcError(f"{where} has no training labels: every training row has an empty label list")
+    for texts, features, split in ((train_texts, train_features, "train"), (test_texts, test_features, "test")):
+        rows = train_labels.shape[0] if split == "train" else test_labels.shape[0]
+        if texts and len(texts) != rows:
+            raise ValueError(f"{split}: {len(texts)} texts for {rows} label rows")
+        if features is not None and features.shape[0] != rows:
+            raise ValueError(f"{split}: {features.shape[0]} feature rows for {rows} label rows")
+        _count(counts, f"empty_{split}_label_lines", int(np.count_nonzero(np.diff(
+            (train_labels if split == "train" else test_labels).indptr) == 0)))
+    _count(counts, "empty_texts", sum(1 for t in chain(train_texts, test_texts) if not t or t.isspace()))
+    _count(counts, "unseen_test_labels", len(label_names) - num_labels)
+    if train_features is not None and test_features is not None and train_features.shape[1] != test_features.shape[1]:
+        raise XmcError(f"{where}: the training features have {train_features.shape[1]} columns but the test "
+                       f"features {test_features.shape[1]}; both splits need one feature space")
+    return Dataset(name=name, version=version, label_names=label_names, num_labels=num_labels,
+                   train_texts=train_texts, train_labels=train_labels, test_texts=test_texts, test_labels=test_labels,
+                   feature_file=None, propensity_a=0.55, propensity_b=1.5, report=counts,
+                   train_features=train_features, test_features=test_features)
+
+
+def label_lists(dataset: Dataset, labels: sp.csr_matrix) -> list[list[str]]:
+    """The label names of each row of `labels` (N, len(label_names)): (N,) lists of str, in id order."""
+    names = np.asarray(dataset.label_names, dtype=object)
+    labels = sp.csr_matrix(labels)
+    return [names[labels.indices[start:end]].tolist() for start, end in zip(labels.indptr[:-1], labels.indptr[1:])]
+
+
+# ---------------------------------------------------------------------------------------------- splitting
+
+def split_test(num_rows: int, test_size: float, seed: int = 0,
+               groups: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded train/test split of the rows of one file: (train rows, test rows), sorted int64 arrays.
+
+    test_size: the share of rows (0 < x < 1) or their number (an integer >= 1) that go to test; with `groups`
+    ((num_rows,) hashable ids, e.g. an id column), the share or number of groups instead, and all rows of one
+    group land on the same side. The same inputs give the same split.
+    """
+    from sklearn.model_selection import GroupShuffleSplit, ShuffleSplit
+
+    size = _test_size(test_size)
+    units = len(set(groups)) if groups is not None else num_rows
+    count = size if isinstance(size, int) else int(np.ceil(size * units))
+    what = "groups (distinct ids)" if groups is not None else "rows"
+    if not 0 < count < units:
+        raise XmcError(f"--test-size {test_size} leaves no {'test' if count <= 0 else 'training'} {what} out of "
+                       f"{units}; choose a share between 0 and 1 or a count below {units}")
+    splitter = (GroupShuffleSplit if groups is not None else ShuffleSplit)(n_splits=1, test_size=count,
+                                                                          random_state=seed)
+    index = np.zeros((num_rows, 1))
+    train, test = next(splitter.split(index, groups=groups) if groups is not None else splitter.split(index))
+    return np.sort(train).astype(np.int64), np.sort(test).astype(np.int64)
+
+
+def _test_size(value: float) -> float | int:
+    value = float(value)
+    if value.is_integer() and value >= 1:
+        return int(value)
+    if 0 < value < 1:
+        return value
+    raise XmcError(f"--test-size {value:g} is neither a share between 0 and 1 nor a whole number of rows; "
+                   "e.g. --test-size 0.2 or --test-size 500")
+
+
+# ---------------------------------------------------------------------------------------------- XC sparse files
+
+@dataclass
+class XcSparse:
+    """One Extreme Classification Repository file: header 'N D L', then 'l1,l2 f:v f:v ...' per document.
+
+    features: (N, D) float32 csr, as stored (not normalised). labels: (N, L) float32 0/1 csr, L from the header.
+    """
+
+    features: sp.csr_matrix
+    labels: sp.csr_matrix
+
+
+def parse_xc_header(line: bytes | str) -> tuple[int, int, int] | None:
+    """'N D L' of an XC file's first line, or None when the line is not such a header."""
+    parts = line.split()
+    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+        return None
+    n, d, l = (int(part) for part in parts)
+    return n, d, l
+
+
+def read_xc_sparse(path: Path) -> XcSparse:
+    """Parse an XC file (plain or .xz/.gz/.bz2) with scikit-learn's C svmlight parser: no Python loop per token.
+
+    Lines with no labels (' 3:1.0') and empty lines (a document without labels or features) are documents.
+    Raises XmcError in one line for a missing header, a row count unlike the header's, a value that is not a
+    finite number, or anything the C parser rejects (its message carries no line number; the callers that
+    need one re-read with a line-by-line parser).
+    """
+    from sklearn.datasets import load_svmlight_file
+
+    with open_binary(path) as stream:
+        raw = stream.read()
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    first_end = raw.find(b"\n")
+    header = parse_xc_header(raw[:first_end if first_end >= 0 else len(raw)])
+    if header is None:
+        raise XmcError(f"{path}: line 1 is not the 'N D L' header of an Extreme Classification Repository file "
+                       "(documents, features, labels); add it, or pass --format for another layout")
+    num_docs, num_features, num_labels = header
+    body = raw[first_end + 1:] if first_end >= 0 else b""
+    del raw
+    try:
+        # parsed as float64, then cast: scikit-learn's float32 path is slower by about half
+        features, labels = load_svmlight_file(io.BytesIO(body), n_features=num_features, multilabel=True,
+                                              zero_based=True, dtype=np.float64)
+    except ValueError as error:
+        raise XmcError(f"{path}: not a valid Extreme Classification Repository file after its header ({error}); "
+                       "expected 'l1,l2 f:v f:v ...' lines with 0-based ids and sorted, unique features") from None
+    features = sp.csr_matrix(features, dtype=np.float32)
+    labels = list(labels)
+    if features.shape[0] != num_docs:
+        features, labels = _with_empty_lines(body, features, labels)
+    if features.shape[0] != num_docs:
+        raise XmcError(f"{path}: header line 1 says {num_docs} documents but the file has {features.shape[0]} "
+                       "data lines; fix the header or re-export the file")
+    if not np.isfinite(features.data).all():
+        raise XmcError(f"{path}: a feature value is not a finite number (nan or inf); fix or drop that feature")
+    lengths = np.fromiter(map(len, labels), dtype=np.int64, count=len(labels))
+    ids = np.fromiter(chain.from_iterable(labels), dtype=np.float64, count=int(lengths.sum()))
+    if ids.size and (ids.min() < 0 or ids.max() >= num_labels or not np.array_equal(ids, np.floor(ids))):
+        raise XmcError(f"{path}: a label id is not a whole number in [0, {num_labels}), the header's label count; "
+                       "ids are 0-based")
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    label_matrix = sp.csr_matrix((np.ones(ids.size, dtype=np.float32), ids.astype(np.int64), indptr),
+                                 shape=(num_docs, num_labels))
+    label_matrix.sum_duplicates()
+    label_matrix.data[:] = 1.0
+    return XcSparse(features, label_matrix)
+
+
+def _with_empty_lines(body: bytes, features: sp.csr_matrix, labels: list) -> tuple[sp.csr_matrix, list]:
+    """The parser skips empty (and comment-only) lines; in an XC file an empty line is a document: put them back."""
+    lines = body.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    empty = np.fromiter((not line.split(b"#", 1)[0].strip() for line in lines), dtype=bool, count=len(lines))
+    if features.shape[0] != int((~empty).sum()):
+        return features, labels
+    kept = np.flatnonzero(~empty)
+    row_lengths = np.zeros(len(lines), dtype=np.int64)
+    row_lengths[kept] = np.diff(features.indptr)
+    indptr = np.concatenate([[0], np.cumsum(row_lengths)])
+    full = sp.csr_matrix((features.data, features.indices, indptr), shape=(len(lines), features.shape[1]))
+    full_labels: list = [()] * len(lines)
+    for row, label in zip(kept.tolist(), labels):
+        full_labels[row] = label
+    return full, full_labels
