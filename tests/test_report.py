@@ -122,11 +122,11 @@ def test_paired_t_test_matches_scipy_and_pairs_by_seed(runs):
     assert versus["train_seconds"]["p_value"] == pytest.approx(expected)
     # PSP@5 differs by exactly 1.0 on every seed: no variance, so no test
     assert versus["PSP@5"]["diff"] == pytest.approx(-1.0) and versus["PSP@5"]["p_value"] is None
-    # fewer than two paired seeds: the difference, and n/a
+    # fewer than three paired seeds: the difference alone, no p-value (see also the 2-seed test at the end)
     few = by_method(report.summarize([r for r in runs if r.method == "lightxml" or r.seed == 2], "lightxml"))
     assert few["lightxml-static"]["vs_baseline"]["P@1"]["n_pairs"] == 1
     assert few["lightxml-static"]["vs_baseline"]["P@1"]["p_value"] is None
-    assert "(-1.17, n/a)" in report.render_table(list(few.values()), "github")
+    assert "80.00 ± — (-1.17) |" in report.render_table(list(few.values()), "github")
 
 
 def test_unknown_baseline_is_one_line(runs):
@@ -337,3 +337,107 @@ def test_runs_written_before_a_setting_existed_are_no_variant(results, tmp_path)
     assert [(r["method"], r["n_seeds"]) for r in rows] == [("lightxml", 3), ("lightxml-static", 3)]
     text = report.write_report(report.load_runs([results], log=lambda line: None), tmp_path / "r").read_text()
     assert "eval_ks" not in text and "not recorded (written by an older xmcbench" in text
+
+
+# -- p-values only from at least 3 paired seeds -----------------------------------------------------
+
+def test_two_paired_seeds_give_the_difference_without_a_p_value(runs, tmp_path):
+    two = [r for r in runs if r.seed in (0, 1)]
+    rows = by_method(report.summarize(two, baseline="lightxml"))
+    versus = rows["lightxml-static"]["vs_baseline"]["P@1"]
+    assert versus["n_pairs"] == 2 and versus["p_value"] is None   # ttest_rel would give one: not shown
+    assert versus["diff"] == pytest.approx(np.mean(column("lightxml-static", "P@1")[:2])
+                                           - np.mean(column("lightxml", "P@1")[:2]))
+    github = report.render_table(list(rows.values()), "github")
+    assert "(-1.75) |" in github and "p=" not in github and "p<" not in github and "n/a" not in github
+    assert "p=" not in report.render_table(list(rows.values()), "latex")
+    note = "p-values need at least 3 paired seeds; 2 pair up here."
+    assert note in json.loads(report.render_table(list(rows.values()), "json"))["paired_test"]
+    text = report.write_report(two, tmp_path / "two", baseline="lightxml").read_text()
+    assert note in text and "ttest_rel" in text and "p=" not in text
+    # three seeds: p-values, and no such sentence
+    three = report.write_report(runs, tmp_path / "three", baseline="lightxml").read_text()
+    assert "p=0.423" in three and "p-values need" not in three
+
+
+# -- degenerate runs ----------------------------------------------------------------------------------
+
+def write_predictions(run_dir, first_labels, k=5, as_npz=False):
+    """predictions.safetensors (labels (N, k) int64, -1 empty; scores) whose first column is `first_labels`,
+    the other columns other labels; as_npz: predictions.npz (CSR scores, the first label scoring highest)."""
+    from safetensors.numpy import save_file
+
+    first = np.asarray(first_labels, dtype=np.int64)
+    rest = (first[:, None] + 1 + np.arange(k - 1)[None, :]) % 506
+    labels = np.concatenate([first[:, None], rest], axis=1)
+    labels[first < 0] = -1
+    scores = np.tile(np.linspace(0.9, 0.1, k, dtype=np.float32), (len(first), 1))
+    if as_npz:
+        import scipy.sparse as sp
+
+        rows = np.repeat(np.arange(len(first)), k).reshape(len(first), k)
+        kept = labels >= 0
+        sp.save_npz(run_dir / "predictions.npz", sp.csr_matrix(
+            (scores[kept], (rows[kept], labels[kept])), shape=(len(first), 506)))
+    else:
+        save_file({"labels": labels, "scores": scores}, str(run_dir / "predictions.safetensors"))
+
+
+def test_a_run_with_a_constant_first_label_is_flagged(results, tmp_path):
+    rng = np.random.default_rng(0)
+    for method in ("lightxml", "lightxml-static"):
+        for seed in range(3):
+            write_predictions(results / method / f"seed{seed}", rng.integers(0, 506, size=200))
+    degenerate = results / "lightxml-static" / "seed1"
+    (degenerate / "model" / "labels.json").write_text(json.dumps([f"tag{i}" for i in range(506)]))
+    write_predictions(degenerate, np.full(200, 17))
+    write_predictions(results / "lightxml" / "seed2", np.r_[np.full(195, 3), np.arange(5)], as_npz=True)
+    (results / "lightxml" / "seed2" / "predictions.safetensors").unlink()   # an npz alone is read too
+    (results / "lightxml" / "seed1" / "predictions.safetensors").unlink()   # no predictions: not checked
+    runs = {(r.method, r.seed): r for r in report.load_runs([results], log=lambda line: None)}
+    assert runs[("lightxml-static", 1)].top1 == {"documents": 200, "distinct": 1, "share": 1.0, "label": 17}
+    assert runs[("lightxml-static", 1)].degenerate
+    assert runs[("lightxml", 2)].top1 == {"documents": 200, "distinct": 5, "share": 0.98, "label": 3}
+    assert runs[("lightxml", 2)].degenerate
+    assert runs[("lightxml", 1)].top1 is None and not runs[("lightxml", 1)].degenerate
+    healthy = runs[("lightxml", 0)]
+    assert not healthy.degenerate and healthy.top1["distinct"] > 100 and healthy.top1["share"] < 0.05
+
+    rows = by_method(report.summarize(list(runs.values()), baseline="lightxml"))
+    assert [(t["seed"], t["distinct"], t["share"], t["degenerate"]) for t in rows["lightxml-static"]["top1"]][1] \
+        == (1, 1, 1.0, True)
+    assert [t["seed"] for t in rows["lightxml"]["top1"]] == [0, 2]
+    parsed = json.loads(report.render_table(list(rows.values()), "json"))
+    assert parsed["rows"][1]["top1"][1]["share"] == 1.0 and "90%" in parsed["degenerate_rule"]
+
+    text = report.write_report(list(runs.values()), tmp_path / "report", baseline="lightxml").read_text()
+    checks = text[text.index("## Checks"):text.index("## Figures")]
+    assert "**Degenerate: lightxml-static, seed 1** (seed1): `tag17` is first for 100.0% of 200 test documents; " \
+           "distinct labels ever first: 1." in checks
+    assert "**Degenerate: lightxml, seed 2** (seed2): label 3 is first for 98.0% of 200" in checks
+    assert "1 run(s) saved no predictions and are not checked" in checks
+    assert checks.count("**Degenerate") == 2
+
+
+@pytest.mark.parametrize("share, distinct, labels, documents, flagged", [
+    (1.0, 1, 506, 1206, True),        # every document: the same first label
+    (0.92, 40, 506, 1206, True),      # nearly every document
+    (0.6, 4, 506, 1206, True),        # most documents, and only a handful of labels are ever first
+    (0.36, 11, 506, 1206, False),     # the least varied healthy run of reports/debian-debtags-mini-full
+    (0.727, 48, 20813, 6788, False),  # a skewed dataset: healthy plt on reports/debian-builddeps-hybrid
+    (0.6, 20, 20813, 6788, True),     # ... but fewer than 0.1% of its 20,813 labels ever first
+    (1.0, 1, 506, 10, False),         # too few test documents to tell
+])
+def test_the_degenerate_rule(share, distinct, labels, documents, flagged):
+    top1 = {"documents": documents, "distinct": distinct, "share": share, "label": 0}
+    assert report.is_degenerate(top1, labels) is flagged
+
+
+def test_no_checks_section_without_predictions_and_a_clean_one_with_healthy_runs(results, runs, tmp_path):
+    assert "## Checks" not in report.write_report(runs, tmp_path / "none").read_text()
+    rng = np.random.default_rng(1)
+    for method in ("lightxml", "lightxml-static"):
+        for seed in range(3):
+            write_predictions(results / method / f"seed{seed}", rng.integers(0, 506, size=100))
+    text = report.write_report(report.load_runs([results], log=lambda line: None), tmp_path / "healthy").read_text()
+    assert "## Checks" in text and "No run is degenerate" in text and "**Degenerate" not in text

@@ -257,19 +257,32 @@ def ensemble_command(run_dirs: List[Path] = typer.Argument(..., help="finished r
 
 
 @app.command("plugins")
-def plugins_command():
+def plugins_command(options: bool = typer.Option(False, "--options", help="also list the options (--set "
+                                                                          "options.NAME=VALUE) each component "
+                                                                          "and method declares")):
     """List the loaded plugins, their packages and versions, the hooks they implement and what each
     registers; then, one line each, the plugins that were not loaded and why."""
-    from xmcbench.registry import DISABLE_AUTOLOAD_ENV
+    from xmcbench.registry import DISABLE_AUTOLOAD_ENV, RejectedName
 
     registry = build_registry()
+    if options:
+        declared = [(f"{kind} {name}", option) for (kind, name), found in sorted(registry.component_options.items())
+                    if name in registry.components[kind] for option in found]
+        declared += [(f"method {name}", option) for name in sorted(registry.methods)
+                     for option in registry.method(name).options]
+        for owner, option in declared:
+            typer.echo(f"{owner}: {option.describe()}")
+        if not declared:
+            typer.echo("no component or method declares options")
+        return
     rows = [[p.name, p.package, p.version, "\n".join(p.hooks), "\n".join(p.registered)] for p in registry.plugins]
     if rows:
         typer.echo(tabulate(rows, headers=["plugin", "package", "version", "hooks", "registers"], tablefmt="simple"))
     else:
         typer.echo("no plugin loaded")
-    for name, package, error in registry.failed:
-        typer.echo(f"not loaded: {name} ({package}): {error}")
+    for failure in registry.failed:
+        what = "warning" if isinstance(failure, RejectedName) else "not loaded"   # the rest of that plugin loaded
+        typer.echo(f"{what}: {failure.name} ({failure.package}): {failure.error}")
     if registry.skipped:
         typer.echo(f"not loaded ({DISABLE_AUTOLOAD_ENV} is set): "
                    + ", ".join(f"{name} ({package})" for name, package in registry.skipped)
@@ -388,6 +401,20 @@ def compare_command(methods: List[str] = typer.Argument(..., help="methods to co
                    reading=format_options(data_format, text_column, label_column, label_separator, id_column,
                                           test_size))
     typer.echo(f"report: {path}")
+
+
+@app.command("new-plugin")
+def new_plugin_command(name: str = typer.Argument(..., help="the plugin's name, e.g. cosine-ranker: the method is "
+                                                            "called so, the package xmcbench-NAME"),
+                       output: Path = typer.Option(Path("."), "--output", "-o", help="folder to write the package "
+                                                                                      "into")):
+    """Write a plugin package to start from: one component of each kind, a method, tests that run the
+    conformance suite and a tiny run, a pyproject.toml with the entry point; it installs and passes its tests
+    as written."""
+    from xmcbench.scaffold import write_plugin
+
+    folder = write_plugin(name, output)
+    typer.echo(f"wrote {folder}: pip install -e {folder} && python -m pytest -q {folder}")
 
 
 @app.command("synthetic")

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import tomllib
@@ -209,7 +210,14 @@ class MethodSpec:
 
     whole_method: instead of components, a subclass of `xmcbench.interfaces.WholeMethod` that fits, saves,
     loads and predicts on its own (a linear XMC method); `defaults` and `presets` still resolve its
-    settings, the component names and `stages` are then unused."""
+    settings, the component names and `stages` are then unused.
+
+    options: `Option`s of the method itself (`--set options.NAME=VALUE`), checked before anything runs.
+
+    needs_ranker: the method is about its ranker or sampler (a new ranker, a negative-sampling scheme), which
+    run only with label clusters; a flat run (below flat_below labels, or cluster_size=1) would drop them, so
+    it starts with a warning saying how to keep them (a method whose stages train the ranker on its own is
+    refused instead). Every run records in config.json which components ran."""
 
     name: str
     description: str
@@ -217,6 +225,8 @@ class MethodSpec:
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)
     stages: tuple[Stage, ...] = JOINT_TRAINING
     whole_method: type | None = None
+    needs_ranker: bool = False
+    options: tuple[Option, ...] = ()   # the method's own options (its components declare theirs)
 
 
 def _field_types() -> dict[str, Any]:
@@ -256,6 +266,68 @@ def coerce_setting(key: str, value: Any, expected, source: str) -> Any:
     else:
         return value
     raise XmcError(f"{source}: {key} must be {expected.__name__}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Option:
+    """A setting a plugin declares for its component or method, set as `--set options.NAME=VALUE`.
+
+    kind: bool, int, float, str, or tuple[int, ...] (a list of positive integers, "2,4,8"); default: its
+    value when not set (the plugin reads it with `Option.value_of(config)`); minimum/maximum: the allowed
+    range of a number; choices: the allowed values. Declared options are checked like core settings before
+    anything runs: an unknown name gets "did you mean", a bad value one line; `xmcbench plugins --options`
+    lists them."""
+
+    name: str
+    kind: Any
+    default: Any
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple | None = None
+
+    def parse(self, value: Any, source: str) -> Any:
+        """`value` as this option's kind, checked; XmcError in one line otherwise."""
+        key = f"options.{self.name}"
+        parsed = coerce_setting(key, value, self.kind, source)
+        numbers = parsed if isinstance(parsed, tuple) else (parsed,)
+        if self.kind in (int, float) or typing.get_origin(self.kind) is tuple:
+            low, high = self.minimum, self.maximum
+            if any((low is not None and n < low) or (high is not None and n > high) for n in numbers):
+                bounds = f"at least {low:g}" if high is None else f"between {low:g} and {high:g}" \
+                    if low is not None else f"at most {high:g}"
+                raise XmcError(f"{source}: {key}={value!r} is out of range; it must be {bounds}")
+        if self.choices is not None and parsed not in self.choices:
+            raise XmcError(f"{source}: {key}={value!r} is not one of {', '.join(map(str, self.choices))}")
+        return parsed
+
+    def value_of(self, config: "TrainConfig") -> Any:
+        """This option's value in a run's config: what was set (checked), else the default."""
+        given = (config.options or {}).get(self.name)
+        return self.default if given is None else self.parse(given, "options")
+
+    def describe(self) -> str:
+        kind = "list of int" if typing.get_origin(self.kind) is tuple else self.kind.__name__
+        default = ",".join(map(str, self.default)) if isinstance(self.default, tuple) else self.default
+        allowed = f", at least {self.minimum:g}" if self.minimum is not None else ""
+        allowed += f", at most {self.maximum:g}" if self.maximum is not None else ""
+        allowed += f", one of {', '.join(map(str, self.choices))}" if self.choices else ""
+        return f"options.{self.name} ({kind}, default {default}{allowed}): {self.help}"
+
+
+def check_options(options: dict[str, Any], declared: dict[str, tuple["Option", str]], source: str) -> dict[str, Any]:
+    """config.options checked against the options declared for a run ({name: (Option, owner)}, owner: the
+    component or method that declares it): each value parsed to its kind; an undeclared name ends in one line
+    with the closest declared ones. Returns the parsed options (defaults are not filled in)."""
+    checked = {}
+    for name, value in (options or {}).items():
+        if name not in declared:
+            close = difflib.get_close_matches(name, list(declared), n=1, cutoff=0.6)
+            hint = f"did you mean options.{close[0]} ({declared[close[0]][1]})?" if close else \
+                "declared: " + ", ".join(f"options.{key}" for key in sorted(declared))
+            raise XmcError(f"{source}: unknown setting options.{name}: {hint}")
+        checked[name] = declared[name][0].parse(value, source)
+    return checked
 
 
 def apply_overrides(config: TrainConfig, overrides: dict[str, Any], source: str) -> TrainConfig:

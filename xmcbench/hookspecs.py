@@ -1,12 +1,14 @@
 """Every hook a plugin can implement. A plugin is a module listed under the `xmcbench` entry-point group.
 
-Each hook receives the registry and calls its `add_*` methods; the registry checks types and rejects
-duplicate names, naming both plugins. Implement a hook with `@xmcbench.hookspecs.hookimpl`; a plugin's
-hooks run in the order below (components first, so its methods may name them).
+Each hook receives the registry and calls its `add_*` methods; the registry checks types and names and
+rejects a name another plugin registered first, naming both plugins (only that name: the rest of the plugin
+loads). Implement a hook with `@xmcbench.hookspecs.hookimpl`; a plugin's hooks run in the order below
+(components first, so its methods may name them).
 
-A plugin that fails (its import raises, a hook raises, it registers a duplicate name or a wrong type, or it
+A plugin that fails (its import raises, a hook raises, it registers a wrong type or a bad name, or it
 implements a hook not declared here, e.g. a misspelled one) is not loaded at all: what it had registered is
-removed, and `xmcbench plugins` shows it with its package and a one-line error. Every hook here must keep a
+removed, and `xmcbench plugins` shows it with its package and a one-line error (with the file and line for
+a hook that raised). Every hook here must keep a
 docstring and a section in CONTRIBUTING.md (`tests/test_plugin_loading.py` checks both).
 """
 

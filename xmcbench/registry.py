@@ -3,9 +3,18 @@
 Nothing is loaded at import time: call `build_registry()`.
 
 Loading fails safe. A plugin that cannot be imported, implements a hook that `xmcbench/hookspecs.py` does not
-declare, or whose hook raises (a duplicate name, a registration of the wrong type, any exception) is not
-loaded: whatever it had registered is removed again, and `Registry.failed` records it with its package and
-a one-line error, which `xmcbench plugins` prints. Commands that do not need it keep working.
+declare, or whose hook raises (a registration of the wrong type, a name unusable on the command line, any
+exception) is not loaded: whatever it had registered is removed again, and `Registry.failed` records it with
+its package and a one-line error (for an exception: the file and line in the plugin's code where it was
+raised), which `xmcbench plugins` prints. Commands that do not need it keep working.
+
+A name another plugin registered first (a clash) rejects only that name: the rest of the plugin loads, and
+`Registry.failed` records the clash as a `RejectedName` entry, a FailedPlugin naming both plugins.
+`Registry.failures_of(name)` lists the entries of one plugin (a plugin author's test asserts it is empty).
+
+A plugin is a module with `@hookimpl` functions (what an entry point names), or any other object whose
+attributes are hook functions, marked or not (a `types.SimpleNamespace`, an instance): such an object is
+registered through a stand-in that marks its plain callables.
 
 Environment:
     XMCBENCH_DISABLE_PLUGIN_AUTOLOAD=1   load no entry point except those named in XMCBENCH_PLUGINS (the
@@ -22,6 +31,7 @@ import importlib.metadata
 import inspect
 import os
 import sys
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
@@ -31,6 +41,9 @@ from xmcbench import hookspecs
 from xmcbench.errors import XmcError
 
 COMPONENT_KINDS = ("encoder", "recaller", "ranker", "sampler")
+# Characters a registered name must not contain: they break its use on the command line (a path, `--set
+# key=value`, comma-separated lists). Whitespace and control characters are refused too.
+BAD_NAME_CHARACTERS = "/=,"
 DISABLE_AUTOLOAD_ENV = "XMCBENCH_DISABLE_PLUGIN_AUTOLOAD"
 PLUGINS_ENV = "XMCBENCH_PLUGINS"
 BUILTIN_DISTRIBUTION = "xmcbench"
@@ -58,6 +71,12 @@ class FailedPlugin(NamedTuple):
     name: str
     package: str
     error: str
+
+
+class RejectedName(FailedPlugin):
+    """A name a loaded plugin registered that another plugin (or itself) had registered first: that one
+    registration was not loaded, the rest of the plugin was. Recorded in `Registry.failed` beside the
+    plugins that were not loaded, so `xmcbench plugins` prints it."""
 
 
 @dataclass(frozen=True)
@@ -110,28 +129,37 @@ class Registry:
 
     def __init__(self) -> None:
         self.components: dict[str, dict[str, Entry]] = {kind: {} for kind in COMPONENT_KINDS}
+        self.component_options: dict[tuple[str, str], tuple] = {}   # (kind, name) -> its config.Options
         self.methods: dict[str, Entry] = {}
         self.datasets: dict[str, Entry] = {}
         self.formats: dict[str, Entry] = {}   # data formats (xmcbench.formats.DataFormat) by name
         self.plugins: list[PluginInfo] = []
-        self.failed: list[FailedPlugin] = []   # plugins not loaded, each with a one-line error
+        # plugins not loaded, each with a one-line error, and names rejected (RejectedName) of loaded plugins
+        self.failed: list[FailedPlugin] = []
         self.skipped: list[tuple[str, str]] = []   # (entry point, package) not loaded: autoloading is off
         self.requested: list[str] = []   # the entry points named in XMCBENCH_PLUGINS
         self._current: PluginInfo | None = None
         self._added: list[tuple[dict[str, Entry], str]] = []   # what the current plugin added, to roll back
+        self._rejected: list[str] = []   # the current plugin's clashes, recorded once it has loaded
 
     # -- registration (called from hooks) ---------------------------------------------------------
-    def add_component(self, kind: str, name: str, factory: Callable[..., Any]) -> None:
+    def add_component(self, kind: str, name: str, factory: Callable[..., Any], options: tuple = ()) -> None:
+        """options: the `xmcbench.config.Option`s the component reads from config.options (checked before a
+        run, listed by `xmcbench plugins --options`)."""
         if kind not in COMPONENT_KINDS:
             raise RegistrationError(f"plugin {self._origin()} registers a component of unknown kind {kind!r}; "
                                     f"kinds are {', '.join(COMPONENT_KINDS)}")
-        if not isinstance(name, str) or not name:
-            raise RegistrationError(f"plugin {self._origin()} registers a {kind} whose name is not a non-empty "
-                                    f"string: {_short_repr(name)}")
+        self._check_name(f"a {kind}", name)
         if not callable(factory):
             raise RegistrationError(f"plugin {self._origin()} registers {kind} {name!r} with a factory that is "
                                     f"not callable: {_short_repr(factory)}")
-        self._add(self.components[kind], f"{kind} {name!r}", name, factory)
+        from xmcbench.config import Option
+
+        if not all(isinstance(option, Option) for option in options):
+            raise RegistrationError(f"plugin {self._origin()} registers {kind} {name!r} with options that are not "
+                                    "xmcbench.config.Option objects")
+        if self._add(self.components[kind], f"{kind} {name!r}", name, factory):   # not when the name clashed
+            self.component_options[(kind, name)] = tuple(options)
 
     def add_method(self, method) -> None:
         from xmcbench.config import MethodSpec
@@ -146,6 +174,7 @@ class Registry:
                 raise RegistrationError(f"plugin {self._origin()} registers method {method.name!r} whose whole_method "
                                         f"is not a subclass of xmcbench.interfaces.WholeMethod: "
                                         f"{_short_repr(method.whole_method)}")
+        self._check_name("a method", method.name)
         self._add(self.methods, f"method {method.name!r}", method.name, method)
 
     def add_dataset(self, dataset) -> None:
@@ -154,6 +183,7 @@ class Registry:
         if not isinstance(dataset, DatasetSpec):
             raise RegistrationError(f"plugin {self._origin()} registers a dataset that is not a DatasetSpec: "
                                     f"{_short_repr(dataset)}")
+        self._check_name("a dataset", dataset.name)
         self._add(self.datasets, f"dataset {dataset.name!r}", dataset.name, dataset)
 
     def add_format(self, data_format) -> None:
@@ -162,6 +192,7 @@ class Registry:
         if not isinstance(data_format, DataFormat):
             raise RegistrationError(f"plugin {self._origin()} registers a data format that is not a DataFormat: "
                                     f"{_short_repr(data_format)}")
+        self._check_name("a data format", data_format.name)
         self._add(self.formats, f"format {data_format.name!r}", data_format.name, data_format)
 
     def _origin(self) -> str:
@@ -170,21 +201,73 @@ class Registry:
             return "<in-process>"
         return f"{info.name} ({' '.join(part for part in (info.package, info.version) if part)})"
 
-    def _add(self, table: dict[str, Entry], what: str, name: str, value: Any) -> None:
+    def _check_name(self, what: str, name: Any) -> None:
+        """A name must be usable on the command line: a non-empty string without whitespace, control
+        characters or BAD_NAME_CHARACTERS, not starting with '-'."""
+        if not isinstance(name, str) or not name:
+            problem = "is not a non-empty string"
+        elif any(character.isspace() for character in name):
+            problem = "contains whitespace"
+        elif any(character in BAD_NAME_CHARACTERS for character in name):
+            problem = "contains " + " and ".join(repr(c) for c in BAD_NAME_CHARACTERS if c in name)
+        elif not name.isprintable():
+            problem = "contains a control character"
+        elif name.startswith("-"):
+            problem = "starts with '-', so it reads as an option"
+        else:
+            return
+        raise RegistrationError(f"plugin {self._origin()} registers {what} named {_short_repr(name)}, which "
+                                f"{problem}; names are typed on the command line: no whitespace, "
+                                f"{', '.join(repr(c) for c in BAD_NAME_CHARACTERS)} or leading '-'")
+
+    def _add(self, table: dict[str, Entry], what: str, name: str, value: Any) -> bool:
+        """Add `name` to `table`; False when a plugin being loaded registers a name registered before (a
+        clash: that name alone is rejected, recorded once the plugin has loaded)."""
         if name in table:
-            raise RegistrationError(f"{what} is registered twice: by {table[name].origin} and by "
-                                    f"{self._origin()}; uninstall or rename one of them")
+            first, origin = table[name].origin, self._origin()
+            if self._current is None:
+                raise RegistrationError(f"{what} is registered twice: by {first} and by {origin}; uninstall or "
+                                        "rename one of them")
+            # a clash rejects this one name; the rest of the plugin loads
+            plugin = self._current.name
+            if first == origin:
+                self._rejected.append(f"plugin {origin} registers {what} twice; the second registration was "
+                                      "not loaded")
+            else:
+                self._rejected.append(f"{what} is registered twice: by {first} and by {origin}; {plugin}'s "
+                                      f"{name!r} was not loaded (the rest of {plugin} was); uninstall or rename "
+                                      "one of them")
+            return False
         table[name] = Entry(value, self._origin())
         if self._current is not None:
             self._current.registered.append(what)
             self._added.append((table, name))
+        return True
 
     # -- look-up ----------------------------------------------------------------------------------
+    def failures_of(self, plugin: str) -> list[FailedPlugin]:
+        """What went wrong with the plugin of that (entry-point) name, unlike `failed`, which holds every
+        plugin's: its failure, or the names of it that were rejected; empty when it loaded in full. A plugin
+        that was neither loaded nor failed (not installed, or skipped as autoloading is off) gives one entry
+        saying so. A plugin's own test asserts `not registry.failures_of("mine")`, which does not depend on
+        the other installed plugins."""
+        found = [failure for failure in self.failed if failure.name == plugin]
+        if found or any(info.name == plugin for info in self.plugins):
+            return found
+        skipped = next((package for name, package in self.skipped if name == plugin), None)
+        if skipped is not None:
+            return [FailedPlugin(plugin, skipped, f"not loaded: plugin autoloading is off ({DISABLE_AUTOLOAD_ENV});"
+                                                  f" name it in {PLUGINS_ENV}")]
+        loaded = [info.name for info in self.plugins]
+        return [FailedPlugin(plugin, "<not installed>", f"no plugin named {plugin!r} was loaded or failed: is "
+                             f"its package installed? loaded: {', '.join(loaded) if loaded else 'none'}")]
+
     def _missing_hint(self) -> str:
         """Why a name may be missing: plugins that failed to load, or were not loaded (autoloading off)."""
         notes = []
-        if self.failed:
-            notes.append("plugins that failed to load: " + ", ".join(f.name for f in self.failed))
+        not_loaded = [f.name for f in self.failed if not isinstance(f, RejectedName)]
+        if not_loaded:
+            notes.append("plugins that failed to load: " + ", ".join(not_loaded))
         if self.skipped:
             notes.append(f"plugin autoloading is off ({DISABLE_AUTOLOAD_ENV}), so these were not loaded: "
                          + ", ".join(name for name, _ in self.skipped)
@@ -226,12 +309,16 @@ class Registry:
     # -- filling ----------------------------------------------------------------------------------
     def register_plugin(self, plugin_manager: pluggy.PluginManager, plugin: Any, name: str,
                         package: str = "", version: str = "") -> None:
-        """Register one plugin object (module or instance) and run its hooks into this registry.
+        """Register one plugin object (a module, or any object with hook functions) and run its hooks into
+        this registry.
 
         On any failure nothing of the plugin stays: its registrations are removed, it is unregistered from
         `plugin_manager`, and an XmcError with a one-line message is raised (RegistrationError for what the
-        registry rejects, PluginLoadError otherwise)."""
+        registry rejects, PluginLoadError otherwise; for an exception, with where the plugin's code raised
+        it). A name registered before (a clash) is not a failure: that name alone is not loaded, and a
+        RejectedName in `failed` says so."""
         info = PluginInfo(name, package or "<in-process>", version)
+        plugin = hookable(plugin)
         hooks = validate_plugin(plugin_manager, plugin, name)
         try:
             plugin_manager.register(plugin, name=name)
@@ -248,25 +335,168 @@ class Registry:
                                   "entry points") from error
         info.hooks.extend(hooks)
         self.plugins.append(info)
-        self._current, self._added = info, []
+        self._current, self._added, self._rejected = info, [], []
         try:
             others = [p for p in plugin_manager.get_plugins() if p is not plugin]
             for hook in HOOK_NAMES:
                 try:
                     plugin_manager.subset_hook_caller(hook, others)(registry=self)
-                except RegistrationError:
-                    raise
+                except RegistrationError as error:
+                    raise RegistrationError(f"{error}{_raised_at(error, plugin)}") from error
                 except Exception as error:
-                    raise PluginLoadError(f"plugin {self._origin()}: hook {hook} raised {one_line(error)}") \
-                        from error
+                    raise PluginLoadError(f"plugin {self._origin()}: hook {hook} raised {one_line(error)}"
+                                          f"{_raised_at(error, plugin)}") from error
         except BaseException:
             for table, added in self._added:
                 table.pop(added, None)
+                for kind, components in self.components.items():
+                    if table is components:
+                        self.component_options.pop((kind, added), None)
             self.plugins.remove(info)
             plugin_manager.unregister(plugin)
             raise
+        else:
+            label = " ".join(part for part in (package or "<in-process>", version) if part)
+            self.failed.extend(RejectedName(name, label, message) for message in self._rejected)
         finally:
-            self._current, self._added = None, []
+            self._current, self._added, self._rejected = None, [], []
+
+
+# -- plugins that are not modules -----------------------------------------------------------------------
+
+class ObjectPlugin:
+    """The stand-in registered with pluggy for a plugin that is not a module (a `types.SimpleNamespace`, an
+    instance of any class, a class): pluggy needs a hashable object whose hook functions carry @hookimpl
+    markers. Each of the object's hook attributes becomes a marked function calling it: those already marked
+    keep their options, plain callables named `xmcbench_*` get default ones (a misspelled one is then
+    reported as an unknown hook). `target` is the object, `originals` its hook attributes by name."""
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+        self._originals: dict[str, Callable] = {}
+
+    def __repr__(self) -> str:
+        return f"<plugin object {_short_repr(self._target)}>"
+
+
+def _marker(value: Any) -> dict | None:
+    try:
+        options = getattr(value, hookspecs.PROJECT_NAME + "_impl", None)
+    except Exception:
+        return None
+    return options if isinstance(options, dict) else None
+
+
+def _call_like_pluggy(target: Callable) -> Callable:
+    """A plain function taking `registry` that calls `target` with the arguments pluggy would pass it (its
+    arguments without defaults; `validate_plugin` rejects any but `registry`)."""
+    argnames = _hook_argnames(target)
+    passes_registry = argnames is None or "registry" in argnames
+
+    def hook(registry):
+        return target(registry) if passes_registry else target()
+
+    hook.__name__ = hook.__qualname__ = getattr(target, "__name__", "hook")
+    return hook
+
+
+def hookable(plugin: Any) -> Any:
+    """`plugin` itself when it is a module or already a stand-in, else an ObjectPlugin for it."""
+    if inspect.ismodule(plugin) or isinstance(plugin, ObjectPlugin):
+        return plugin
+    proxy = ObjectPlugin(plugin)
+    for attribute in dir(plugin):
+        if attribute.startswith("_"):
+            continue
+        try:
+            value = getattr(plugin, attribute)
+        except Exception:   # an attribute that raises on access is not a hook
+            continue
+        options = _marker(value)
+        if not callable(value) or (options is None and not attribute.startswith(hookspecs.PROJECT_NAME + "_")):
+            continue
+        hook = _call_like_pluggy(value)
+        if options is None:
+            hookspecs.hookimpl(hook)
+        else:   # keep its options (tryfirst, specname, ...)
+            setattr(hook, hookspecs.PROJECT_NAME + "_impl", dict(options))
+        setattr(proxy, attribute, hook)
+        proxy._originals[attribute] = value
+    return proxy
+
+
+def _original(plugin: Any, attribute: str) -> Any:
+    """The plugin's own attribute (for a stand-in, what it stands for)."""
+    if isinstance(plugin, ObjectPlugin) and attribute in plugin._originals:
+        return plugin._originals[attribute]
+    return getattr(plugin, attribute)
+
+
+# -- where a hook raised --------------------------------------------------------------------------------
+
+def _code_file(value: Any) -> str | None:
+    """The source file of a function, method or callable object, if it has one."""
+    value = inspect.unwrap(value) if callable(value) else value
+    value = getattr(value, "__func__", value)
+    code = getattr(value, "__code__", None)
+    if code is None and not inspect.isroutine(value):
+        code = getattr(getattr(type(value).__call__, "__func__", type(value).__call__), "__code__", None)
+    return code.co_filename if code is not None else None
+
+
+def _plugin_code(plugin: Any) -> tuple[set[str], tuple[str, ...]]:
+    """The files and folders of the plugin's code: its hook functions' files, and the top-level package (or
+    the module) that defines it; never the standard library's."""
+    files: set[str] = set()
+    folders: list[str] = []
+    target = plugin._target if isinstance(plugin, ObjectPlugin) else plugin
+    for attribute in dir(plugin):
+        if attribute.startswith("_"):
+            continue
+        try:
+            value = _original(plugin, attribute)
+        except Exception:
+            continue
+        if callable(value) and (_marker(value) is not None or isinstance(plugin, ObjectPlugin)):
+            with contextlib.suppress(Exception):
+                if (filename := _code_file(value)) is not None:
+                    files.add(os.path.realpath(filename))
+    module_name = target.__name__ if inspect.ismodule(target) else getattr(type(target), "__module__", "")
+    top_name = (module_name or "").partition(".")[0]
+    if top_name and top_name not in sys.stdlib_module_names and top_name not in ("builtins", "__main__"):
+        module = sys.modules.get(module_name)
+        if inspect.ismodule(target) and getattr(target, "__file__", None):
+            module = target
+        top = sys.modules.get(top_name)
+        if module is not None and getattr(module, "__file__", None):
+            files.add(os.path.realpath(module.__file__))
+            if top is not None and getattr(top, "__path__", None):
+                folders.extend(os.path.realpath(folder) for folder in top.__path__)
+    return files, tuple(folder.rstrip(os.sep) + os.sep for folder in folders)
+
+
+def _raised_at(error: BaseException, plugin: Any) -> str:
+    """` (at FILE:LINE in FUNCTION)`: the innermost frame of the traceback in the plugin's code, else the
+    last one; FILE relative to the working directory when inside it. Empty without a traceback."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return ""
+    try:
+        files, folders = _plugin_code(plugin)
+    except Exception:
+        files, folders = set(), ()
+
+    def inside(filename: str) -> bool:
+        path = os.path.realpath(filename)
+        return path in files or path.startswith(folders)
+
+    frame = next((frame for frame in reversed(frames) if inside(frame.filename)), frames[-1])
+    path = os.path.abspath(frame.filename)
+    with contextlib.suppress(ValueError):
+        relative = os.path.relpath(path)
+        if not relative.startswith(os.pardir + os.sep):
+            path = relative
+    return f" (at {path}:{frame.lineno} in {frame.name})"
 
 
 def _hook_argnames(function: Callable) -> list[str] | None:
@@ -303,7 +533,7 @@ def validate_plugin(plugin_manager: pluggy.PluginManager, plugin: Any, name: str
                 continue
             raise PluginLoadError(f"plugin {name!r} implements unknown hook {hook!r}: "
                                   f"{closest_names_hint(hook, specs)} (hooks: xmcbench/hookspecs.py)")
-        argnames = _hook_argnames(getattr(plugin, attribute))
+        argnames = _hook_argnames(_original(plugin, attribute))
         extra = [arg for arg in argnames or [] if arg not in specs[hook]]
         if extra:
             raise PluginLoadError(f"plugin {name!r}: hook {hook} takes argument(s) {', '.join(extra)}, which the "

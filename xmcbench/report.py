@@ -6,6 +6,8 @@
     write_report(runs, output)  report.md + table.{md,tex,json} + loss_curves.png + precision.png
                                 (+ frequency_bins.png: head vs tail, when the runs recorded frequency bins)
     summarize_frequency_bins    per dataset: each row's contribution to P@5 by bin of training label frequency
+    RunResult.top1              per run: distinct top-1 labels and the share of the most frequent one, read from
+                                its saved predictions; RunResult.degenerate flags a collapsed model (DEGENERATE_RULE)
 
 Runs of one method on one dataset are its seeds. Runs of one method whose settings differ in anything but
 the seed are separate rows ("variants"), labelled by the settings that tell them apart, so an ablation run
@@ -14,6 +16,7 @@ with `--set` is never averaged into the method it ablates.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -38,7 +41,8 @@ if TYPE_CHECKING:   # matplotlib is imported where a figure is drawn: reading ru
 __all__ = ["RunResult", "load_runs", "find_run_dirs", "summarize", "render_table", "plot_loss_curves",
            "plot_loss", "plot_run_loss", "loss_epochs", "stage_starts", "LossCurve", "plot_precision",
            "summarize_frequency_bins", "render_frequency_bins", "plot_frequency_bins", "write_report",
-           "COLUMNS", "LOWER_IS_BETTER", "FORMATS", "PAIRED_TEST_NOTE"]
+           "COLUMNS", "LOWER_IS_BETTER", "FORMATS", "PAIRED_TEST_NOTE", "MIN_PAIRED_SEEDS",
+           "DEGENERATE_RULE", "is_degenerate"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +63,27 @@ LABELS = {"train_seconds": "train s", "predict_ms_per_document": "predict ms/doc
 DECIMALS = {"train_seconds": 1, "predict_ms_per_document": 2, "model_mb": 1, "peak_rss_mb": 0, "peak_gpu_mb": 0}
 FORMATS = {"github": "md", "latex": "tex", "json": "json"}
 NOT_METRICS = frozenset({"test_documents", "unseen_test_labels"})   # counts that metrics.json also holds
+MIN_PAIRED_SEEDS = 3   # a paired t-test over 2 seeds has one degree of freedom: its p-value means little
 PAIRED_TEST_NOTE = ("Differences are the method's mean minus the baseline's mean; p-values come from a two-sided "
-                    "paired t-test over the seeds both were run with, matched by seed (scipy.stats.ttest_rel); "
-                    "n/a when fewer than 2 seeds pair up or the paired differences do not vary.")
+                    "paired t-test over the seeds both were run with, matched by seed (scipy.stats.ttest_rel), "
+                    f"and only when at least {MIN_PAIRED_SEEDS} seeds pair up: with fewer the cell shows the "
+                    "difference alone; n/a when the paired differences do not vary.")
+# Degenerate runs: a model that ranks (nearly) the same label first for every test document. Flagged when at
+# least DEGENERATE_MIN_DOCUMENTS test documents were predicted and either the most frequent top-1 (an empty row
+# counts as "no label") is first for >= DEGENERATE_SHARE of them, or it is first for >= DEGENERATE_FEW_SHARE of
+# them and fewer than max(DEGENERATE_FEW_LABELS, DEGENERATE_LABEL_FRACTION x the labels) distinct labels are ever
+# first. Healthy runs of skewed datasets rank a frequent label first for most documents (the committed reports:
+# up to 73% on debian-builddeps with 48 distinct top-1 labels of 20,813, 36% with 11 of 506 on debtags-mini),
+# so the share alone, or "fewer than 1% of the labels", would flag them.
+DEGENERATE_SHARE = 0.9
+DEGENERATE_FEW_SHARE = 0.5
+DEGENERATE_FEW_LABELS = 5
+DEGENERATE_LABEL_FRACTION = 0.001
+DEGENERATE_MIN_DOCUMENTS = 20
+DEGENERATE_RULE = (f"a run is flagged when, of at least {DEGENERATE_MIN_DOCUMENTS} test documents, "
+                   f"{DEGENERATE_SHARE:.0%} or more get the same first label (an empty prediction counts as one "
+                   f"value), or {DEGENERATE_FEW_SHARE:.0%} or more do and fewer than {DEGENERATE_FEW_LABELS} "
+                   f"distinct labels (or {DEGENERATE_LABEL_FRACTION:.1%} of the labels, if more) are ever first")
 STATS_NOTE = ("Cells are mean ± sample standard deviation (ddof=1) over seeds, — with one seed. The best value "
               "of each column is in bold: highest for metrics, lowest for time, size and memory.")
 
@@ -82,6 +104,26 @@ class RunResult:
     model_bytes: int       # rundir.model_bytes, else the size timings.json recorded when the run finished (0 if neither)
     frequency_bins: dict | None = None   # metrics.json "frequency_bins" (xmcbench.metrics.evaluate), if recorded
     propensity: dict | None = None       # metrics.json "propensity" (runner.Propensities.record), if recorded
+
+    @functools.cached_property
+    def top1(self) -> dict | None:
+        """The first-ranked labels of the run's saved test predictions, read on first use: {"documents",
+        "distinct" (labels ranked first for some document), "share" (of documents whose first label is the
+        most frequent one; an empty prediction counts as one value, "no label"), "label" (that most frequent
+        first label, -1: no label)}. None when the run saved no predictions (or they cannot be read)."""
+        return _top1_of(self.path)
+
+    @property
+    def num_labels(self) -> int:
+        """The size of the run's label set (config.json "resolved"), 0 if not recorded."""
+        value = self.config.get("resolved", {}).get("num_labels") if isinstance(self.config.get("resolved"), dict) \
+            else None
+        return int(value) if _is_number(value) else 0
+
+    @property
+    def degenerate(self) -> bool:
+        """Whether the run ranks (nearly) one label first for every test document (DEGENERATE_RULE)."""
+        return self.top1 is not None and is_degenerate(self.top1, self.num_labels)
 
     @property
     def settings(self) -> dict:
@@ -195,6 +237,58 @@ def _frequency_bins_of(recorded: Any) -> dict | None:
     return recorded
 
 
+def _first_labels(path: Path) -> np.ndarray | None:
+    """The first-ranked label of each test document (-1: empty prediction) from predictions.safetensors (only
+    its first column is read) or, failing that, predictions.npz (each row's highest score); None if neither."""
+    tensors = path / "predictions.safetensors"
+    if tensors.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(tensors), framework="numpy") as saved:
+            labels = saved.get_slice("labels")
+            rows, width = labels.get_shape()
+            return (np.asarray(labels[:, :1]).reshape(rows) if width else np.full(rows, -1)).astype(np.int64)
+    matrix_path = path / "predictions.npz"
+    if not matrix_path.is_file():
+        return None
+    import scipy.sparse as sp
+
+    matrix = sp.load_npz(matrix_path).tocsr()
+    counts = np.diff(matrix.indptr)
+    first = np.full(matrix.shape[0], -1, dtype=np.int64)
+    filled = np.flatnonzero(counts)
+    if len(filled):
+        data = matrix.data[:matrix.indptr[-1]]
+        highest = np.maximum.reduceat(data, matrix.indptr[filled])
+        row_of_entry = np.repeat(np.arange(len(filled)), counts[filled])
+        at_highest = np.flatnonzero(data == highest[row_of_entry])
+        _, first_entry = np.unique(row_of_entry[at_highest], return_index=True)
+        first[filled] = matrix.indices[at_highest[first_entry]]
+    return first
+
+
+def _top1_of(path: Path) -> dict | None:
+    try:
+        first = _first_labels(path)
+    except Exception as error:   # a damaged predictions file must not stop the report: that run goes unchecked
+        logger.warning("could not read the predictions of %s (%s); it is not checked for degeneracy", path, error)
+        return None
+    if first is None or len(first) == 0:
+        return None
+    values, counts = np.unique(first, return_counts=True)
+    top = int(np.argmax(counts))
+    return {"documents": int(len(first)), "distinct": int(np.count_nonzero(values >= 0)),
+            "share": float(counts[top] / len(first)), "label": int(values[top])}
+
+
+def is_degenerate(top1: dict, num_labels: int = 0) -> bool:
+    """DEGENERATE_RULE applied to a RunResult.top1 record and the size of the run's label set."""
+    if top1["documents"] < DEGENERATE_MIN_DOCUMENTS:
+        return False
+    few = max(DEGENERATE_FEW_LABELS, math.ceil(DEGENERATE_LABEL_FRACTION * num_labels))
+    return top1["share"] >= DEGENERATE_SHARE or (top1["share"] >= DEGENERATE_FEW_SHARE and top1["distinct"] < few)
+
+
 def _recorded_model_bytes(timings: Any) -> int:
     """The model size a run recorded when it finished, for runs whose model files were since removed or never
     copied (runs trained on another machine); 0 if not recorded."""
@@ -294,14 +388,15 @@ def _stats(values: list[float]) -> dict:
 
 
 def _paired(mine: dict[int, float], base: dict[int, float]) -> dict:
-    """Paired t-test of per-seed values (seed -> value) on the seeds both have."""
+    """Paired t-test of per-seed values (seed -> value) on the seeds both have; p_value None (the difference
+    alone) with fewer than MIN_PAIRED_SEEDS of them."""
     from scipy import stats
 
     seeds = sorted(set(mine) & set(base))
     x = np.array([mine[s] for s in seeds], dtype=np.float64)
     y = np.array([base[s] for s in seeds], dtype=np.float64)
     p_value = None
-    if len(seeds) >= 2:
+    if len(seeds) >= MIN_PAIRED_SEEDS:
         differences = x - y
         scale = max(1.0, float(np.abs(x).max()), float(np.abs(y).max()))
         if differences.std(ddof=1) > 1e-9 * scale:   # rounding noise in equal differences is no variance
@@ -337,7 +432,9 @@ def summarize(runs: list[RunResult], baseline: str | None = None) -> list[dict]:
      "stats": {column: {"mean", "std" (None with one value), "n", "values"}},
      "vs_baseline": {column: {"diff", "p_value" (None: n/a), "n_pairs", "paired_seeds"}} or None,
      "is_baseline", "baseline" (the baseline row's label on this dataset, or None),
-     "best": [columns where this row has the best mean among the rows of its dataset]}
+     "best": [columns where this row has the best mean among the rows of its dataset],
+     "top1": [{"seed", "documents", "distinct", "share", "label", "degenerate"} per seed whose run saved
+              predictions (RunResult.top1, DEGENERATE_RULE)]}
     """
     if not runs:
         raise XmcError("no runs to report")
@@ -356,7 +453,9 @@ def summarize(runs: list[RunResult], baseline: str | None = None) -> list[dict]:
                      "stats": {c: _stats(list(columns[c].values())) for c in _all_columns(columns)},
                      "vs_baseline": None, "is_baseline": False,
                      "baseline": baselines[group.dataset].label if group.dataset in baselines else None,
-                     "best": []})
+                     "best": [],
+                     "top1": [{"seed": r.seed, **r.top1, "degenerate": r.degenerate}
+                              for r in group.runs if r.top1 is not None]})
     for group, row in zip(groups, rows):
         base = baselines.get(group.dataset)
         if base is None:
@@ -428,7 +527,9 @@ def _cell(row: dict, column: str, latex: bool) -> str:
     if column in row["best"]:
         text = rf"\textbf{{{text}}}" if latex else f"**{text}**"
     versus = (row["vs_baseline"] or {}).get(column)
-    if versus is not None:
+    if versus is not None and versus["n_pairs"] < MIN_PAIRED_SEEDS:   # too few seeds for a p-value
+        text += f" ({_number(versus['diff'], column, signed=True)})"
+    elif versus is not None:
         p_text = _p_text(versus["p_value"])
         if latex and versus["p_value"] is not None:
             p_text = f"${p_text}$"
@@ -451,6 +552,19 @@ def _table(rows: list[dict], fmt: str, columns: list[str] | None = None) -> str:
                     colalign=["left"] + ["right"] * (len(headers) - 1), disable_numparse=True)
 
 
+def paired_test_note(rows: list[dict]) -> str:
+    """PAIRED_TEST_NOTE, and why some cells have no p-value when fewer than MIN_PAIRED_SEEDS seeds pair up."""
+    few = sorted({v["n_pairs"] for r in rows for v in (r["vs_baseline"] or {}).values()
+                  if v["n_pairs"] < MIN_PAIRED_SEEDS})
+    if not few:
+        return PAIRED_TEST_NOTE
+    counts = " or ".join(str(n) for n in few)
+    return (PAIRED_TEST_NOTE + f" p-values need at least {MIN_PAIRED_SEEDS} paired seeds; {counts} pair"
+            + ("s" if few == [1] else "") + " up here" + (" for some rows" if any(
+                v["n_pairs"] >= MIN_PAIRED_SEEDS for r in rows for v in (r["vs_baseline"] or {}).values()) else "")
+            + ".")
+
+
 def render_table(rows: list[dict], fmt: str = "github", columns: list[str] | None = None) -> str:
     """The rows as a table: "github" (markdown, best in **bold**), "latex" (best in \\textbf{}) or "json"
     (the raw rows with every column, and each row's "best" list). Rows of several datasets give one table
@@ -460,8 +574,8 @@ def render_table(rows: list[dict], fmt: str = "github", columns: list[str] | Non
     if fmt == "json":
         return json.dumps({"columns": {c: LABELS.get(c, c) for c in _columns(rows)},
                            "lower_is_better": [c for c in _columns(rows) if c in LOWER_IS_BETTER],
-                           "paired_test": PAIRED_TEST_NOTE if any(r["vs_baseline"] for r in rows) else None,
-                           "rows": rows}, indent=2)
+                           "paired_test": paired_test_note(rows) if any(r["vs_baseline"] for r in rows) else None,
+                           "degenerate_rule": DEGENERATE_RULE, "rows": rows}, indent=2)
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     if len(datasets) == 1:
         return _table(rows, fmt, columns)
@@ -783,6 +897,43 @@ def plot_frequency_bins(tables: list[dict], path: Path) -> Figure:
     return figure
 
 
+def _label_name(run: RunResult, label: int) -> str:
+    """A label id as its name (model/labels.json, else predictions_labels.json), or the id itself."""
+    if label < 0:
+        return "no label (empty prediction)"
+    for names_path in (run.path / "model" / "labels.json", run.path / "predictions_labels.json"):
+        try:
+            names = json.loads(names_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(names, list) and label < len(names):
+            return f"`{names[label]}`"
+    return f"label {label}"
+
+
+def _check_lines(runs: list[RunResult], groups: list[_Group], several_datasets: bool) -> list[str]:
+    """The "Checks" section: runs whose predictions are degenerate (DEGENERATE_RULE); [] if no run saved any."""
+    checked = [r for r in runs if r.top1 is not None]
+    if not checked:
+        return []
+    label_of = {id(run): group.label for group in groups for run in group.runs}
+    lines = ["## Checks", "",
+             "Degenerate models, from each run's saved test predictions: " + DEGENERATE_RULE + "."
+             + (f" {len(runs) - len(checked)} run(s) saved no predictions and are not checked." if
+                len(checked) < len(runs) else ""), ""]
+    flagged = [r for r in checked if r.degenerate]
+    for run in flagged:
+        where = f" on {run.dataset}" if several_datasets else ""
+        lines.append(f"- **Degenerate: {label_of[id(run)]}{where}, seed {run.seed}** ({run.path.name}): "
+                     f"{_label_name(run, run.top1['label'])} is first for {run.top1['share']:.1%} of "
+                     f"{run.top1['documents']} test documents; distinct labels ever first: {run.top1['distinct']}.")
+    if not flagged:
+        lines.append(f"- No run is degenerate: the most frequent first label is first for at most "
+                     f"{max(r.top1['share'] for r in checked):.1%} of a run's test documents, and at least "
+                     f"{min(r.top1['distinct'] for r in checked)} distinct labels are first in every run.")
+    return lines + [""]
+
+
 def _fusion_lines(groups: list[_Group], several_datasets: bool) -> list[str]:
     """One line per ensemble row: its fusion rule and, for weighted fusion, the weights chosen per seed."""
     lines = []
@@ -825,6 +976,15 @@ def _describe(groups: list[_Group], value: Callable[[RunResult], Any]) -> str:
         return str(json.loads(everything[0]))
     return "; ".join(f"{name}: " + " / ".join(str(json.loads(v)) for v in values)
                      for name, values in per_group.items())
+
+
+def _components(run: RunResult) -> str:
+    """The components a run used, from config.json's resolved.components ("" for runs that predate it)."""
+    resolved = run.config.get("resolved", {})
+    recorded = resolved.get("components")
+    if not isinstance(recorded, dict):
+        return "none (a whole method)" if resolved.get("whole_method") else ""
+    return ", ".join(f"{kind} {recorded.get(kind)}" for kind in ("encoder", "recaller", "ranker", "sampler"))
 
 
 def _non_default(run: RunResult) -> list[str]:
@@ -897,6 +1057,9 @@ def write_report(runs: list[RunResult], output: Path, baseline: str | None = Non
     lines.append("- Seeds: " + "; ".join(
         f"{g.label}{f' on {g.dataset}' if len(datasets) > 1 else ''}: {', '.join(str(r.seed) for r in g.runs)}"
         for g in groups))
+    if any(_components(r) for g in groups for r in g.runs):
+        lines.append("- Components that ran (a flat run, one logit per label, has no ranker and no sampler): "
+                     + _describe(groups, _components))
     lines += ["- Settings that differ from the `TrainConfig` defaults:"]
     for group in groups:
         changed = _distinct(_non_default(r) for r in group.runs)
@@ -914,8 +1077,9 @@ def write_report(runs: list[RunResult], output: Path, baseline: str | None = Non
     lines += [STATS_NOTE, ""]
     if baseline:
         lines += [f"Baseline: {baseline}. Each cell of another method adds (difference, p-value). "
-                  + PAIRED_TEST_NOTE, ""]
+                  + paired_test_note(rows), ""]
     lines += [f"The table is also in [{table_path.name}]({table_path.name}).", ""]
+    lines += _check_lines(runs, groups, len(datasets) > 1)
     fusion_lines = _fusion_lines(groups, len(datasets) > 1)
     if fusion_lines:
         lines += ["## Ensembles", "", *fusion_lines, ""]

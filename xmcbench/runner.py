@@ -25,8 +25,8 @@ import torch
 
 import xmcbench
 from xmcbench import clustering, whole_methods
-from xmcbench.config import MethodSpec, TrainConfig, apply_overrides, check_top_k, parse_set_options, \
-    read_config_file, resolve_config, training_stages
+from xmcbench.config import MethodSpec, TrainConfig, apply_overrides, check_options, check_top_k, \
+    parse_set_options, read_config_file, resolve_config, training_stages
 from xmcbench.data import Dataset, _dataset_files, data_dir_from_env, load_dataset, load_dataset_from_path
 from xmcbench.defaults import RULE_VERSION, DatasetStatistics, Derived, DeviceFacts, dataset_statistics, \
     derive_settings
@@ -92,6 +92,8 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
     check_dataset_name(registry, dataset)
     preset_key = preset_for(spec, dataset if dataset in registry.datasets else Path(dataset).name)
     options = list(set_options) + ([f"seed={seed}"] if seed is not None else [])
+    check_option_names(parse_set_options(options),
+                       declared_options(registry, spec, resolve_config(spec, preset_key, config_file)))
     config = resolve_config(spec, preset_key, config_file, options)
     check_settings(registry, config, spec)   # fail before any data is read
     if preset_key in spec.presets:
@@ -136,11 +138,36 @@ def check_settings(registry: Registry, config: TrainConfig, spec: MethodSpec | N
     config.validate()
     for kind in COMPONENT_KINDS if spec is None or spec.whole_method is None else ():
         registry.component(kind, getattr(config, kind))
+    declared = declared_options(registry, spec, config)
+    if declared:   # the options the method and its components declare: typed and checked like core settings
+        config.options = check_options(config.options, declared, "--set / --config")
     pick_device(config)
     storage_dtype(config.storage_dtype)   # and not after training, when the model is saved
     if config.selection_metric not in SELECTION_METRICS:
         raise XmcError(f"selection_metric={config.selection_metric!r} is not a validation metric; choose one of "
                        f"{', '.join(SELECTION_METRICS)}")
+
+
+def declared_options(registry: Registry, spec: MethodSpec | None, config: TrainConfig) -> dict[str, tuple]:
+    """{name: (Option, owner)} of the options a run's method and the components its config names declare
+    (`MethodSpec.options`, `registry.add_component(..., options=...)`); empty when none declares any."""
+    declared: dict[str, tuple] = {}
+    if spec is not None:
+        declared.update({option.name: (option, f"method {spec.name}") for option in spec.options})
+    for kind in COMPONENT_KINDS if spec is None or spec.whole_method is None else ():
+        name = getattr(config, kind)
+        for option in registry.component_options.get((kind, name), ()):
+            declared.setdefault(option.name, (option, f"{kind} {name}"))
+    return declared
+
+
+def check_option_names(set_options: dict, declared: dict[str, tuple]) -> None:
+    """`--set cosine_scale=5` for a declared option: say it is options.cosine_scale, not a core setting."""
+    core = set(TrainConfig.__dataclass_fields__)
+    for key in set_options:
+        if "." not in key and key not in core and key in declared:
+            raise XmcError(f"--set {key}: unknown setting {key!r}; {key} is an option of the "
+                           f"{declared[key][1]}: --set options.{key}=VALUE")
 
 
 def device_facts(config: TrainConfig) -> DeviceFacts:
@@ -382,6 +409,7 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
     threads = set_threads(config)
     device = pick_device(config, dist)
     dataset = plan.loaded or open_dataset(registry, plan.dataset, data_dir, plan.reading)
+    check_flat(plan, dataset, registry)
     claimed = None
     output = Path(output) if output else default_output(plan)
     if dist.is_main:
@@ -394,6 +422,25 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
     finally:
         if claimed is not None:
             claimed.release()
+
+
+def check_flat(plan: Plan, dataset: Dataset, registry: Registry) -> None:
+    """Refuse, before the run folder is touched, a flat run (one logit per label: no clusters, no ranker) of a
+    method whose stages train the ranker on its own."""
+    spec = registry.method(plan.method)
+    flat = resolve_num_clusters(plan.config, dataset.num_labels) == dataset.num_labels
+    stages = training_stages(spec.stages, plan.config)
+    if flat and any("rank" in stage.losses and "recall" not in stage.losses for stage in stages):
+        raise XmcError(f"{plan.method} trains a ranker in a stage of its own, which needs label clusters, and this run "
+                       f"is flat ({dataset.num_labels} labels, below flat_below={plan.config.flat_below}, or "
+                       "cluster_size=1): set cluster_size above 1 (e.g. --set cluster_size=8)")
+
+
+def components_that_ran(config: TrainConfig, flat: bool) -> dict[str, str]:
+    """config.json's record of the components a run used: a flat run has no ranker and no sampler, whatever
+    its settings name."""
+    return {"encoder": config.encoder, "recaller": config.recaller,
+            "ranker": "none (flat)" if flat else config.ranker, "sampler": "none (flat)" if flat else config.sampler}
 
 
 def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, dataset: Dataset, threads: int,
@@ -422,6 +469,10 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
     train_rows, validation_rows = split_train_rows(dataset, config)
     with dist.main_first():   # rank 0 fills the caches, the others read them
         clusters = label_clusters(dataset, config, train_rows)
+    if clusters.is_flat:
+        dropped = (f"flat run ({dataset.num_labels} labels, one logit each): the ranker {config.ranker!r} and the "
+                   f"sampler {config.sampler!r} are not used; --set cluster_size=8 (or more) trains them")
+        log(("warning: " if registry.method(plan.method).needs_ranker else "") + dropped)
     model = build_model(registry, config, clusters)
     tokenizer = model.encoder.tokenizer
     with dist.main_first():
@@ -449,6 +500,7 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
         if not resume:
             write_run_config(output, plan, dataset, registry, {
                 "num_labels": dataset.num_labels, "num_clusters": clusters.num_clusters, "flat": clusters.is_flat,
+                "components": components_that_ran(config, clusters.is_flat),
                 "threads": threads, "device": str(device), "processes": dist.world_size,
                 "train_docs": len(train_rows), "validation_docs": len(validation_rows),
                 "encoder_loaded_dtype": model.encoder.loaded_dtype,

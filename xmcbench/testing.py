@@ -21,13 +21,25 @@ AssertionError naming the component and the broken rule. What every kind is chec
 - encoder: a tokenizer callable the way `xmcbench.tokenization` calls it, with a padding token; ids drawn
   from its vocabulary, padding on `tokenizer.padding_side`; `export(dir)` returns JSON-serialisable factory
   parameters that rebuild an encoder which, after `load_state_dict`, gives identical outputs;
+- half precision: after `.to(torch.bfloat16)` and `.to(torch.float16)` the outputs are in that dtype (a float32
+  tensor made inside forward is hidden by float64 promotion but not there; a dtype the CPU has no kernel for
+  is skipped);
+- behaviour: every row's output changes when its input does (encoder: other token ids under the same mask;
+  recaller and ranker: another representation); encoder: more masked pad tokens on the tokenizer's padding
+  side leave the output unchanged (up to float32 rounding); ranker: permuting the candidates permutes the
+  scores the same way, and another label id in a slot changes its score;
+- export: the rebuilt encoder's tokenizer gives the same ids for sample texts, pads the same way, and the
+  rebuilt encoder encodes those texts the same; when the model folder holds weights and the config does not
+  ask for them, the rebuild is also tried with `pretrained_weights=True` (the pipeline reloads a saved model
+  with the run's config);
 - recaller: `num_clusters` as asked, `loss` a finite scalar;
 - sampler: after one `start_stage`, for random recall logits and positives padded with -1, `Candidates`
   whose tensors share one (B, C) shape; every slot a valid label id; no label twice in a row among
   masked-in slots; every positive there exactly once; each candidate's cluster its label's cluster;
   targets 1 exactly on masked-in positives and 0 everywhere else.
 
-Comparisons on one device and dtype are exact (`torch.equal`); the checks are small and run on the CPU in
+Comparisons on one device and dtype are exact (`torch.equal`), except padding, permuted candidates and the
+encoder rebuilt from export (float32 rounding: SAME_RTOL, SAME_ATOL); the checks are small and run on the CPU in
 well under a second per component (a tiny transformer encoder takes a few seconds).
 
 `check_whole_method(factory, config)` checks a whole method (`xmcbench.interfaces.WholeMethod`, a method
@@ -40,6 +52,7 @@ fitting again with the same seed (unless the class declares `deterministic = Fal
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import random
@@ -61,6 +74,11 @@ SEED, OTHER_SEED, CALL_SEED = 0, 12345, 7
 NUM_DOCUMENTS = 16          # N training documents a sampler's StageContext describes
 MAX_POSITIVES = 5           # positives per document in the sampler checks (padded with -1)
 RTOL, ATOL = 1e-2, 1e-3     # float64 / GPU outputs against the CPU float32 ones (TF32 convolutions included)
+SAME_RTOL, SAME_ATOL = 1e-4, 1e-4   # float32 outputs that must agree up to rounding (padding, permuted candidates)
+EXTRA_PADDING = 3           # masked pad tokens added on the tokenizer's padding side in the padding check
+HALF_DTYPES = ((torch.bfloat16, "torch.bfloat16"), (torch.float16, "torch.float16"))
+EXPORT_TEXTS = ["python bindings for the gtk toolkit", "A Library, for READING: jpeg/png images!",
+                "naïve café über straße", "x", "library " * 40]   # tokenized by the original and rebuilt encoder
 
 
 # -- fixtures for plugin tests --------------------------------------------------------------------------
@@ -200,6 +218,42 @@ def _close(actual: torch.Tensor, expected: torch.Tensor) -> bool:
     return actual.shape == expected.shape and torch.allclose(actual, expected, rtol=RTOL, atol=ATOL * scale)
 
 
+def _near(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Equal up to float32 rounding: SAME_RTOL, and SAME_ATOL times the largest expected magnitude (at least 1)."""
+    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
+    scale = max(1.0, expected.abs().max().item()) if expected.numel() else 1.0
+    return actual.shape == expected.shape and torch.allclose(actual, expected, rtol=SAME_RTOL, atol=SAME_ATOL * scale)
+
+
+def _cpu_cannot_run(error: Exception) -> bool:
+    """An operator without a kernel for this dtype on this device (e.g. some float16 ops on the CPU)."""
+    return isinstance(error, (RuntimeError, NotImplementedError)) and "not implemented for" in str(error)
+
+
+def _run(check: _Check, module: nn.Module, forward: Callable, inputs: tuple, rule: str) -> torch.Tensor:
+    with check.rule(rule), torch.no_grad():
+        return forward(module, inputs)
+
+
+def _check_responds(check: _Check, module: nn.Module, forward: Callable, cases: list[tuple[str, tuple]],
+                    change: Callable[[tuple], tuple], rule: str, per_row: bool = True) -> None:
+    """For each case, `change(inputs)` alters every row (or, per_row=False, every element) of what the
+    output must depend on: every row (element) of the output must change."""
+    for description, inputs in cases:
+        before = _run(check, module, forward, inputs, f"forward on {description} must work")
+        after = _run(check, module, forward, change(inputs), f"forward on {description}, changed, must work")
+        if before.shape != after.shape:
+            check.fail(rule, f"{description}: shape {tuple(after.shape)} after the change, {tuple(before.shape)} before")
+        same = before == after
+        if per_row:
+            rows = same.reshape(same.shape[0], -1).all(dim=1).nonzero().flatten().tolist()
+            check.require(not rows, rule, f"{description}: the output of row(s) {rows} did not change")
+        else:
+            places = same.nonzero().tolist()
+            check.require(not places, rule, f"{description}: {len(places)} of {same.numel()} outputs did not "
+                          f"change, e.g. at {places[0] if places else None}")
+
+
 def _check_moves(check: _Check, module: nn.Module, target: torch.dtype | torch.device, what: str) -> nn.Module:
     """`module.to(target)` returns the module with every floating parameter and buffer moved."""
     with check.rule(f".to({what}) must work"):
@@ -296,6 +350,24 @@ def _check_module(check: _Check, build: Callable[[int], nn.Module], cases: list[
                               f"on {result.device} for {description}")
             check.require(_close(result, output), f"outputs after .to({what}) must match the float32 CPU ones",
                           f"{description}: {_first_difference(result.double().cpu(), output.double())}")
+
+    # float64 hides a float32 tensor made inside forward (float64 x float32 is float64); half precision does not
+    half = build(SEED).eval()
+    for dtype, what in HALF_DTYPES:
+        half = _check_moves(check, half, dtype, what)
+        for description, inputs in cases:
+            result = None
+            with check.rule(f"forward after .to({what}) on {description} must work"), torch.no_grad():
+                try:
+                    result = forward(half, convert(inputs, dtype))
+                except Exception as error:
+                    if not _cpu_cannot_run(error):
+                        raise
+            if result is None:
+                break   # this CPU has no kernel for an operator in this dtype: nothing to check here
+            check.require(result.dtype == dtype, f"outputs must follow .to({what}) (do not fix a dtype inside forward: "
+                          "make tensors with the input's dtype and device, e.g. torch.ones_like, x.new_tensor, "
+                          "mask.to(x.dtype))", f"{result.dtype} for {description}")
     return component
 
 
@@ -325,6 +397,52 @@ def _encoder_batch(tokenizer, batch: int, length: int, generator: torch.Generato
     return ids.long(), mask.long()
 
 
+def _token_ids(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
+    """What xmcbench.tokenization asks a tokenizer for: unpadded id lists, truncated, special tokens added."""
+    encoded = tokenizer(texts, truncation=True, max_length=max_length, add_special_tokens=True,
+                        return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+    return [[int(i) for i in ids] for ids in encoded]
+
+
+def _text_batch(tokenizer, encoded: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ids of several texts padded into one batch exactly as the pipeline pads them."""
+    from xmcbench.tokenization import TokenizedTexts
+
+    texts = TokenizedTexts.from_lengths(np.fromiter((i for ids in encoded for i in ids), dtype=np.int32),
+                                        np.array([len(ids) for ids in encoded]), int(tokenizer.pad_token_id),
+                                        getattr(tokenizer, "padding_side", "right") == "left")
+    return texts.batch(np.arange(len(encoded)))
+
+
+def _pad(ids: torch.Tensor, mask: torch.Tensor, extra: int, pad_id: int, left: bool) -> tuple[torch.Tensor, ...]:
+    """`extra` more pad tokens (mask 0) on the left or the right of every row."""
+    widths = (extra, 0) if left else (0, extra)
+    return nn.functional.pad(ids, widths, value=pad_id), nn.functional.pad(mask, widths, value=0)
+
+
+def _other_ids(tokenizer, ids: torch.Tensor, mask: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """`ids` with every unmasked token replaced by another id of the vocabulary (no special token)."""
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    vocabulary = torch.tensor([i for i in range(len(tokenizer)) if i not in special])
+    if len(vocabulary) < 2:
+        return ids
+    drawn = vocabulary[torch.randint(len(vocabulary) - 1, ids.shape, generator=generator)]
+    drawn = torch.where(drawn == ids, vocabulary[-1], drawn)   # vocabulary[-1] is never drawn: differs from ids
+    return torch.where(mask.bool(), drawn, ids)
+
+
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "tf_model.h5", "flax_model.msgpack")
+
+
+def _holds_weights(model_name: str) -> bool:
+    """Whether `model_name` resolves (see xmcbench.tokenization.resolve_model_path) to a local folder with
+    weight files: then pretrained_weights=True works offline."""
+    from xmcbench.tokenization import resolve_model_path
+
+    folder = Path(resolve_model_path(str(model_name)))
+    return folder.is_dir() and any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES)
+
+
 def _check_tokenizer(check: _Check, encoder: Encoder, config: TrainConfig) -> None:
     tokenizer = getattr(encoder, "tokenizer", None)
     check.require(tokenizer is not None, "an encoder must have a `tokenizer`", "it has none")
@@ -334,8 +452,7 @@ def _check_tokenizer(check: _Check, encoder: Encoder, config: TrainConfig) -> No
         size = len(tokenizer)
     texts = ["python bindings for the gtk toolkit", "a", "library " * 40]
     with check.rule("the tokenizer must be callable as xmcbench.tokenization calls it"):
-        encoded = tokenizer(texts, truncation=True, max_length=config.max_length, add_special_tokens=True,
-                            return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        encoded = _token_ids(tokenizer, texts, config.max_length)
     check.require(len(encoded) == len(texts), "the tokenizer must return one id list per text",
                   f"{len(encoded)} lists for {len(texts)} texts")
     for text, ids in zip(texts, encoded):
@@ -367,8 +484,25 @@ def check_encoder(factory, config, batch_sizes=(1, 3), lengths=(1, 5, 12)) -> No
     cases = [(f"B={batch}, T={length}", _encoder_batch(tokenizers[0], batch, length, generator))
              for batch in batch_sizes for length in lengths]
     out_dim = first.out_dim
-    encoder = _check_module(check, build, cases, lambda module, inputs: module(*inputs),
-                            lambda inputs: (inputs[0].shape[0], out_dim), _convert_floats)
+    forward = lambda module, inputs: module(*inputs)   # noqa: E731
+    encoder = _check_module(check, build, cases, forward, lambda inputs: (inputs[0].shape[0], out_dim),
+                            _convert_floats)
+
+    tokenizer = tokenizers[0]
+    left = getattr(tokenizer, "padding_side", "right") == "left"
+    for description, inputs in cases:
+        expected = _run(check, encoder, forward, inputs, f"forward on {description} must work")
+        padded = _pad(*inputs, EXTRA_PADDING, int(tokenizer.pad_token_id), left)
+        actual = _run(check, encoder, forward, padded, f"forward on {description} with more padding must work")
+        check.require(_near(actual, expected), "masked padding must not change the output (the same texts with "
+                      "more pad tokens on the tokenizer's padding side, attention mask 0, must encode the same: "
+                      "read the attention mask, pool over real tokens only, find the summary token under padding)",
+                      f"{description} + {EXTRA_PADDING} pad tokens on the {'left' if left else 'right'}: "
+                      f"{_first_difference(actual, expected)}")
+    _check_responds(check, encoder, forward, cases,
+                    lambda inputs: (_other_ids(tokenizer, *inputs, generator), inputs[1]),
+                    "the output must depend on the token ids (other ids under the same mask must change every "
+                    "row's output)")
 
     with tempfile.TemporaryDirectory(prefix="xmcbench-export-") as folder:
         directory = Path(folder) / "encoder"   # the pipeline exports into a folder that does not exist yet
@@ -378,6 +512,8 @@ def check_encoder(factory, config, batch_sizes=(1, 3), lengths=(1, 5, 12)) -> No
                       "export must return a dict of factory parameters", f"it returned {exported!r}")
         with check.rule("the parameters export returns must be JSON-serialisable (model.json stores them)"):
             json.dumps(exported)
+        # the rebuilt encoder is compared up to float32 rounding (_near), not bit for bit: weights loaded
+        # from a file are memory-mapped at unaligned addresses, and BLAS rounds differently there
         rebuilt = build(OTHER_SEED, **exported)
         with check.rule("load_state_dict into the encoder rebuilt from export's parameters must work"):
             rebuilt.load_state_dict(encoder.state_dict())
@@ -387,8 +523,44 @@ def check_encoder(factory, config, batch_sizes=(1, 3), lengths=(1, 5, 12)) -> No
         for description, inputs in cases:
             with check.rule(f"the rebuilt encoder's forward on {description} must work"), torch.no_grad():
                 expected, actual = encoder(*inputs), rebuilt(*inputs)
-            check.require(_identical(expected, actual), "factory(config, **export(dir)) plus load_state_dict must "
+            check.require(_near(actual, expected), "factory(config, **export(dir)) plus load_state_dict must "
                           "reproduce the outputs", f"{description}: {_first_difference(expected, actual)}")
+
+        if not config.pretrained_weights and _holds_weights(config.model_name):
+            # the pipeline rebuilds a saved model with the run's config: one that loads pretrained weights must
+            # not be sent looking for them in the exported folder (the weights are saved apart from it)
+            pretrained = dataclasses.replace(config, pretrained_weights=True)
+            reloaded = check.build(lambda: factory(pretrained, **exported), Encoder,
+                                "factory(config, **exported) with config.pretrained_weights=True (the model folder "
+                                "holds weights)", OTHER_SEED)
+            with check.rule("load_state_dict into the encoder rebuilt from export's parameters with "
+                            "config.pretrained_weights=True must work"):
+                reloaded.load_state_dict(encoder.state_dict())
+            reloaded.eval()
+            for description, inputs in cases:
+                with check.rule(f"the rebuilt encoder's forward on {description} must work"), torch.no_grad():
+                    expected, actual = encoder(*inputs), reloaded(*inputs)
+                check.require(_near(actual, expected), "factory(config, **export(dir)) with "
+                              "config.pretrained_weights=True plus load_state_dict must reproduce the outputs",
+                              f"{description}: {_first_difference(expected, actual)}")
+
+        # texts, not ids: a rebuilt encoder is only as good as the tokenizer it rebuilds
+        rule = ("the encoder rebuilt from export must tokenize texts as the original (export writes the tokenizer "
+                "and returns parameters that load it)")
+        with check.rule(f"{rule}: the rebuilt tokenizer must work"):
+            original, again = (_token_ids(e.tokenizer, EXPORT_TEXTS, config.max_length) for e in (encoder, rebuilt))
+        for text, ids, other in zip(EXPORT_TEXTS, original, again):
+            check.require(ids == other, rule, f"{text[:24]!r}: {len(other)} ids {other[:6]}... instead of "
+                                              f"{len(ids)} ids {ids[:6]}...")
+        pads = [(int(e.tokenizer.pad_token_id), getattr(e.tokenizer, "padding_side", "right"))
+                for e in (encoder, rebuilt)]
+        check.require(pads[0] == pads[1], "the tokenizer rebuilt from export must pad as the original "
+                      "(pad_token_id, padding_side)", f"{pads[1]} instead of {pads[0]}")
+        with check.rule("the rebuilt encoder's forward on tokenized texts must work"), torch.no_grad():
+            expected = encoder(*_text_batch(encoder.tokenizer, original))
+            actual = rebuilt(*_text_batch(rebuilt.tokenizer, again))
+        check.require(_near(actual, expected), "the encoder rebuilt from export must encode texts as the "
+                      "original", f"{len(EXPORT_TEXTS)} texts: {_first_difference(expected, actual)}")
 
 
 # -- recaller -------------------------------------------------------------------------------------------
@@ -410,6 +582,10 @@ def check_recaller(factory, config, in_dim: int = 12, num_clusters: int = 6, bat
     cases = [(f"B={batch}, D={in_dim}", (torch.randn(batch, in_dim, generator=generator),)) for batch in batch_sizes]
     recaller = _check_module(check, build, cases, lambda module, inputs: module(*inputs),
                              lambda inputs: (inputs[0].shape[0], num_clusters), _convert_floats)
+    _check_responds(check, recaller, lambda module, inputs: module(*inputs), cases,
+                    lambda inputs: (torch.randn(inputs[0].shape, generator=generator),),
+                    "the output must depend on the representation (another representation must change every "
+                    "row's logits)")
     for description, (representation,) in cases:
         targets = (torch.rand(representation.shape[0], num_clusters, generator=generator) < 0.3).float()
         with check.rule("loss(logits, cluster_targets) must work"):
@@ -434,10 +610,30 @@ def check_ranker(factory, config, in_dim: int = 12, num_labels: int = 20, batch_
             labels = torch.randint(num_labels, (batch, count), generator=generator)
             labels[0, 0], labels[-1, -1] = num_labels - 1, 0   # both ends of the label table
             cases.append((f"B={batch}, C={count}", (torch.randn(batch, in_dim, generator=generator), labels)))
-    _check_module(check, lambda seed: check.build(lambda: factory(config, in_dim, num_labels), Ranker,
-                                                  "factory(config, in_dim, num_labels)", seed),
-                  cases, lambda module, inputs: module(*inputs), lambda inputs: tuple(inputs[1].shape),
-                  _convert_floats)
+    forward = lambda module, inputs: module(*inputs)   # noqa: E731
+    ranker = _check_module(check, lambda seed: check.build(lambda: factory(config, in_dim, num_labels), Ranker,
+                                                           "factory(config, in_dim, num_labels)", seed),
+                           cases, forward, lambda inputs: tuple(inputs[1].shape), _convert_floats)
+    _check_responds(check, ranker, forward, cases,
+                    lambda inputs: (torch.randn(inputs[0].shape, generator=generator), inputs[1]),
+                    "the scores must depend on the representation (another representation, the same candidates, "
+                    "must change every row's scores)")
+    for description, (representation, labels) in cases:
+        if labels.shape[1] < 2:
+            continue
+        order = torch.argsort(torch.rand(labels.shape, generator=generator), dim=1)
+        expected = _run(check, ranker, forward, (representation, labels), f"forward on {description} must work")
+        actual = _run(check, ranker, forward, (representation, labels.gather(1, order)),
+                      f"forward on {description}, candidates permuted, must work")
+        check.require(_near(actual, expected.gather(1, order)), "permuting the candidates must permute their scores "
+                      "the same way (a score depends on the candidate's label id, not on its slot)",
+                      f"{description}: {_first_difference(actual, expected.gather(1, order))}")
+    if num_labels > 1:
+        _check_responds(check, ranker, forward, cases,
+                        lambda inputs: (inputs[0], (inputs[1] + torch.randint(1, num_labels, inputs[1].shape,
+                                                                              generator=generator)) % num_labels),
+                        "the scores must depend on the candidate label ids (another label in a slot must change "
+                        "its score: look each candidate up by its id)", per_row=False)
 
 
 # -- sampler --------------------------------------------------------------------------------------------

@@ -88,6 +88,7 @@ def lightxml_methods() -> list[MethodSpec]:
             defaults={**LIGHTXML_DEFAULTS, "sampler": "static"},
             presets=presets,
             stages=STATIC_STAGES,
+            needs_ranker=True,   # the point of the variant is its negatives: warn when a flat run drops them
         ),
         MethodSpec(
             name="lightxml-static-bs",
@@ -95,6 +96,7 @@ def lightxml_methods() -> list[MethodSpec]:
             defaults={**LIGHTXML_DEFAULTS, "sampler": "static", "separate_ranker_encoder": True},
             presets=presets,
             stages=STATIC_BS_STAGES,
+            needs_ranker=True,   # the point of the variant is its negatives: warn when a flat run drops them
         ),
         MethodSpec(
             name="lightxml-random-neg",
@@ -102,5 +104,6 @@ def lightxml_methods() -> list[MethodSpec]:
                         "(no recaller guidance; beyond the paper)",
             defaults={**LIGHTXML_DEFAULTS, "sampler": "random"},
             presets=presets,
+            needs_ranker=True,   # the point of the variant is its negatives: warn when a flat run drops them
         ),
     ]

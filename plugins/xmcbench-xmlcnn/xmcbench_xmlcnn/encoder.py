@@ -35,7 +35,6 @@ adaptive max pooling when p divides L, disjoint otherwise. A chunk with no windo
 
 from __future__ import annotations
 
-import difflib
 import json
 from pathlib import Path
 
@@ -43,68 +42,35 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from xmcbench.config import Option, check_options
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import Encoder
 from xmcbench.tokenization import load_tokenizer
 
 HYPERPARAMETERS_FILE = "xmlcnn.json"
 
-DEFAULTS = {
-    "xmlcnn_emb_dim": 300,
-    "xmlcnn_filter_sizes": (2, 4, 8),
-    "xmlcnn_num_filters": 128,
-    "xmlcnn_pool_chunks": 8,
-    "xmlcnn_hidden": 512,
-}
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, str):
-        try:
-            value = int(value.strip().replace("_", ""))
-        except ValueError:
-            pass
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise XmcError(f"options.{name} must be a positive integer, got {value!r} "
-                       f"(e.g. --set options.{name}={DEFAULTS[name]})")
-    return value
-
-
-def _filter_sizes(value) -> tuple[int, ...]:
-    name = "xmlcnn_filter_sizes"
-    items = value
-    if isinstance(value, str):
-        items = [part for part in value.strip().strip("[]()").replace(" ", "").split(",") if part]
-    elif isinstance(value, int) and not isinstance(value, bool):
-        items = [value]
-    try:
-        sizes = tuple(_positive_int(name, item) for item in items)
-    except (XmcError, TypeError):
-        sizes = ()
-    if not sizes:
-        raise XmcError(f"options.{name} must be positive integers, got {value!r} "
-                       f"(e.g. --set options.{name}=2,4,8)")
-    return sizes
+# The encoder's shape settings, declared to xmcbench (checked like core settings before a run, listed by
+# `xmcbench plugins --options`); building the encoder reads them with Option.value_of.
+OPTIONS = (
+    Option("xmlcnn_emb_dim", int, 300, "E, word-embedding size", minimum=1),
+    Option("xmlcnn_filter_sizes", tuple[int, ...], (2, 4, 8), "convolution widths k (a list, or comma-separated)",
+           minimum=1),
+    Option("xmlcnn_num_filters", int, 128, "F, filters per width", minimum=1),
+    Option("xmlcnn_pool_chunks", int, 8, "p, chunks of dynamic max pooling", minimum=1),
+    Option("xmlcnn_hidden", int, 512, "H, the bottleneck (= out_dim)", minimum=1),
+)
+DEFAULTS = {option.name: option.default for option in OPTIONS}
 
 
 def xmlcnn_hyperparameters(config) -> dict:
-    """The encoder's shape settings from config.options (defaults for the missing ones), checked."""
-    options = dict(getattr(config, "options", {}) or {})
-    unknown = [key for key in options if key.startswith("xmlcnn_") and key not in DEFAULTS]
-    if unknown:
-        key = unknown[0]
-        matches = difflib.get_close_matches(key, DEFAULTS, n=3, cutoff=0.4)
-        hint = ("did you mean " + ", ".join(repr(m) for m in matches) + "?") if matches else \
-            "valid names: " + ", ".join(sorted(DEFAULTS))
-        raise XmcError(f"unknown setting options.{key} for xml-cnn: {hint}")
-    values = {**DEFAULTS, **{k: v for k, v in options.items() if k in DEFAULTS}}
-    return {
-        "emb_dim": _positive_int("xmlcnn_emb_dim", values["xmlcnn_emb_dim"]),
-        "filter_sizes": list(_filter_sizes(values["xmlcnn_filter_sizes"])),
-        "num_filters": _positive_int("xmlcnn_num_filters", values["xmlcnn_num_filters"]),
-        "pool_chunks": _positive_int("xmlcnn_pool_chunks", values["xmlcnn_pool_chunks"]),
-        "hidden": _positive_int("xmlcnn_hidden", values["xmlcnn_hidden"]),
-    }
+    """The encoder's shape settings from config.options (defaults for the missing ones), checked: an unknown
+    xmlcnn_ name gets the closest declared ones, a bad value one line (the same rules `--set` applies)."""
+    given = {key: value for key, value in (getattr(config, "options", {}) or {}).items() if key.startswith("xmlcnn_")}
+    check_options(given, {option.name: (option, "encoder xml-cnn") for option in OPTIONS}, "options")
+    values = {option.name: option.value_of(config) for option in OPTIONS}
+    return {"emb_dim": values["xmlcnn_emb_dim"], "filter_sizes": list(values["xmlcnn_filter_sizes"]),
+            "num_filters": values["xmlcnn_num_filters"], "pool_chunks": values["xmlcnn_pool_chunks"],
+            "hidden": values["xmlcnn_hidden"]}
 
 
 class XMLCNNEncoder(Encoder):

@@ -4,13 +4,13 @@ The recaller, ranker and sampler the methods name are the built-in ones; this pa
 """
 
 from xmcbench.hookspecs import hookimpl
-from xmcbench_xmlcnn.encoder import build_xmlcnn
+from xmcbench_xmlcnn.encoder import OPTIONS, build_xmlcnn
 from xmcbench_xmlcnn.methods import xmlcnn_methods
 
 
 @hookimpl
 def xmcbench_register_components(registry):
-    registry.add_component("encoder", "xml-cnn", build_xmlcnn)
+    registry.add_component("encoder", "xml-cnn", build_xmlcnn, options=OPTIONS)
 
 
 @hookimpl
