@@ -49,6 +49,7 @@ DEFAULT_DATASET = "debian-debtags-mini"
 FINISHED_MARKER = "metrics.json"
 VALIDATION_PREDICTIONS_FILE = "validation_predictions.safetensors"   # see save_validation_predictions
 PREDICTIONS_NPZ = "predictions.npz"   # the test top-k as a scipy CSR score matrix, see save_predictions_npz
+IN_MEMORY = "in-memory:"   # the dataset name of data given as Python lists (xmcbench.api): never read from disk
 SELECTION_METRICS = tuple(f"{name}@{k}" for name in ("P", "nDCG", "PSP", "PSnDCG", "R") for k in (1, 3, 5))
 VERSIONED_PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "scipy", "scikit-learn", "safetensors")
 
@@ -186,6 +187,9 @@ def open_dataset(registry: Registry, name: str, data_dir: Path | None = None,
     (--format, --text-column, ...). A dataset may hold sparse features and no texts: the methods that cannot
     read it refuse it (whole_methods.check_inputs)."""
     options = options or FormatOptions()
+    if name.startswith(IN_MEMORY):
+        raise XmcError(f"{name} was data given as Python lists, which no file holds; pass the data again "
+                       "(xmcbench.evaluate(run, data=...), or a dataset name or path)")
     path = Path(name).expanduser()
     if name in registry.datasets or not path.exists():
         if options != FormatOptions():
@@ -541,7 +545,8 @@ def write_run_config(output: Path, plan: Plan, dataset: Dataset, registry: Regis
                      packages: tuple[str, ...] = ()) -> None:
     """config.json (the method, the dataset and its version, every setting, what was derived, and `resolved`:
     what the run decided, such as threads, device and the training rows) and environment.json."""
-    dataset_ref = plan.dataset if plan.dataset in registry.datasets else str(Path(plan.dataset).resolve())
+    dataset_ref = plan.dataset if plan.dataset in registry.datasets or plan.dataset.startswith(IN_MEMORY) \
+        else str(Path(plan.dataset).resolve())
     reading = {} if plan.reading == FormatOptions() else {"reading": dataclasses.asdict(plan.reading)}
     write_json(output / "config.json", {"method": plan.method, "dataset": dataset_ref, "dataset_name": dataset.name,
                                         "dataset_version": dataset.version, "config": plan.config.to_dict(),

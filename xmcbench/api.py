@@ -1,0 +1,323 @@
+"""The Python API, for notebooks and scripts: train, load, predict and evaluate without the command line.
+
+    import xmcbench
+    run = xmcbench.train("lightxml", "debian-debtags-mini", epochs=1)
+    predictor = xmcbench.load(run.path)            # the model is read once
+    predictor.predict(["python bindings for gtk"], top_k=5)
+    xmcbench.evaluate(predictor, "debian-debtags-mini")
+
+Every function reuses what the commands do (xmcbench.runner, xmcbench.ensemble); docs/api.md describes them.
+
+`data`, wherever a function takes it, is one of:
+  - a registered dataset name ("debian-debtags-mini"), or a folder or file path in any format `xmcbench formats`
+    lists (reading options in `reading=`, a FormatOptions or a dict of its fields);
+  - data held in memory: a tuple (train_texts, train_labels, test_texts, test_labels), or a dict with those
+    keys; texts: (N,) str; labels: (N,) lists of label names, aligned with the texts.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from xmcbench import ensemble as ensembles
+from xmcbench import runner
+from xmcbench.config import check_top_k
+from xmcbench.data import Dataset
+from xmcbench.errors import XmcError
+from xmcbench.formats import FormatOptions, dataset_from_rows
+from xmcbench.registry import Registry, build_registry
+from xmcbench.storage import fingerprint, read_json
+
+IN_MEMORY_KEYS = ("train_texts", "train_labels", "test_texts", "test_labels")
+
+__all__ = ["Predictor", "Run", "evaluate", "load", "train"]
+
+
+# -- data -------------------------------------------------------------------------------------------
+
+def _reading(reading: FormatOptions | dict | None) -> FormatOptions:
+    if reading is None:
+        return FormatOptions()
+    if isinstance(reading, FormatOptions):
+        return reading
+    if isinstance(reading, dict):
+        unknown = sorted(set(reading) - set(FormatOptions.__dataclass_fields__))
+        if unknown:
+            raise XmcError(f"reading: unknown option {unknown[0]!r}; the options are "
+                           f"{', '.join(FormatOptions.__dataclass_fields__)}")
+        return FormatOptions(**reading)
+    raise XmcError(f"reading must be a FormatOptions or a dict of its fields, got {type(reading).__name__}")
+
+
+def _text_list(value: Any, what: str) -> list[str]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise XmcError(f"{what} must be a list of strings, got {type(value).__name__}")
+    for i, text in enumerate(value):
+        if not isinstance(text, str):
+            raise XmcError(f"{what}[{i}] is a {type(text).__name__}, not a string")
+    return list(value)
+
+
+def _label_rows(value: Any, what: str) -> list[list[str]]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise XmcError(f"{what} must be a list of label-name lists, got {type(value).__name__}")
+    rows = []
+    for i, row in enumerate(value):
+        if isinstance(row, (str, bytes)) or not isinstance(row, Sequence) \
+                or not all(isinstance(label, str) for label in row):
+            raise XmcError(f"{what}[{i}] must be a list of label names (e.g. [\"graphics\", \"network\"]), "
+                           f"got {row!r}")
+        rows.append(list(row))
+    return rows
+
+
+def in_memory_dataset(data: Any) -> Dataset | None:
+    """The Dataset of data held in memory ((train_texts, train_labels, test_texts, test_labels), as a tuple or
+    a dict with those keys), named "in-memory:<hash>" with the hash of the lists as its version; None when
+    `data` is not such data (a name or a path)."""
+    if isinstance(data, dict):
+        missing = [key for key in IN_MEMORY_KEYS if key not in data]
+        if missing:
+            raise XmcError(f"data given as a dict needs the keys {', '.join(IN_MEMORY_KEYS)}; {missing[0]!r} is "
+                           "missing")
+        parts = [data[key] for key in IN_MEMORY_KEYS]
+    elif isinstance(data, (tuple, list)):
+        if len(data) != 4:
+            raise XmcError(f"data given as a tuple needs 4 parts ({', '.join(IN_MEMORY_KEYS)}), got {len(data)}")
+        parts = list(data)
+    else:
+        return None
+    train_texts, test_texts = _text_list(parts[0], "train_texts"), _text_list(parts[2], "test_texts")
+    train_rows, test_rows = _label_rows(parts[1], "train_labels"), _label_rows(parts[3], "test_labels")
+    for split, texts, rows in (("train", train_texts, train_rows), ("test", test_texts, test_rows)):
+        if len(texts) != len(rows):
+            raise XmcError(f"{split}_labels has {len(rows)} rows for {len(texts)} {split}_texts; give one list of "
+                           "label names per text")
+    version = fingerprint(train_texts, train_rows, test_texts, test_rows)
+    return dataset_from_rows(f"{runner.IN_MEMORY}{version}", version, train_texts, train_rows, test_texts, test_rows,
+                             "the data given in memory")
+
+
+def _name(data: Any) -> str:
+    if isinstance(data, (str, os.PathLike)):
+        return os.fspath(data)
+    raise XmcError(f"data must be a dataset name, a path, or (train_texts, train_labels, test_texts, test_labels); "
+                   f"got {type(data).__name__}")
+
+
+def open_data(data: Any, registry: Registry, reading: FormatOptions | dict | None = None) -> Dataset:
+    """`data` (a name, a path, data held in memory, or a Dataset) read into a Dataset."""
+    if isinstance(data, Dataset):
+        return data
+    memory = in_memory_dataset(data)
+    if memory is not None:
+        return memory
+    return runner.open_dataset(registry, _name(data), None, _reading(reading))
+
+
+def _set_options(settings: dict[str, Any]) -> list[str]:
+    """TrainConfig settings as `--set` strings: options={"a": 1} -> "options.a=1", True -> "true",
+    (1, 3) -> "1,3"."""
+    def text(value: Any) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, (list, tuple)):
+            return ",".join(str(v) for v in value)
+        return str(os.fspath(value) if isinstance(value, os.PathLike) else value)
+
+    pairs = []
+    for key, value in settings.items():
+        if key == "options":
+            if not isinstance(value, dict):
+                raise XmcError(f"options must be a dict of option names and values, got {type(value).__name__}")
+            pairs += [f"options.{name}={text(v)}" for name, v in value.items()]
+        else:
+            pairs.append(f"{key}={text(value)}")
+    return pairs
+
+
+# -- a saved model ----------------------------------------------------------------------------------
+
+class Predictor:
+    """A saved run's model (or an ensemble's member models), read once by `load`; predict and evaluate reuse it.
+
+    label_names: (L,) the model's label vocabulary (for an ensemble, the members' shared one)."""
+
+    def __init__(self, path: Path, models: list[tuple[Any, Any]], label_names: list[str],
+                 ensemble: ensembles.Ensemble | None, registry: Registry) -> None:
+        self.path = Path(path)
+        self.label_names = label_names
+        self._models = models          # [(model, TrainConfig)], one per member (one for a run)
+        self._ensemble = ensemble
+        self._registry = registry
+
+    def __repr__(self) -> str:
+        kind = f"ensemble of {len(self._models)}" if self._ensemble else "run"
+        return f"Predictor({str(self.path)!r}, {kind}, {len(self.label_names)} labels)"
+
+    def _top(self, documents: Callable[[Any], Any], width: int, texts_key: str | None,
+             description: str) -> tuple[np.ndarray, np.ndarray]:
+        """(N, width) label ids and scores: the model's, or the members' fused (ensemble.fuse)."""
+        found = []
+        for model, config in self._models:
+            config = copy.copy(config)
+            config.top_k = width
+            found.append(runner.predict_saved_model(model, documents(model), texts_key, config,
+                                                    description=description))
+        if self._ensemble is None:
+            return found[0].labels, found[0].scores
+        return ensembles.fuse([p.labels for p in found], [p.scores for p in found], width, self._ensemble.fusion)
+
+    def predict(self, texts: Sequence[str], top_k: int = 10, threshold: float | None = None) -> list[dict]:
+        """texts: (N,) str. Returns N dicts {"labels": [name, ...], "scores": [float, ...]}, best first, at most
+        top_k each (fewer when threshold drops the labels scoring below it) — what `xmcbench predict` writes."""
+        texts = _text_list(texts, "texts")
+        check_top_k(top_k)
+        width = top_k if self._ensemble is None else max(top_k, self._ensemble.top_k)
+        labels, scores = self._top(lambda model: texts, width, None, "predicting")
+        names = self.label_names
+        results = [{"labels": [names[i] for i in row[:top_k] if i >= 0],
+                    "scores": [round(float(s), 6) for i, s in zip(row[:top_k], values[:top_k]) if i >= 0]}
+                   for row, values in zip(labels, scores)]
+        return [runner.keep_scores_at_least(result, threshold) for result in results]
+
+    def recorded_data(self) -> tuple[str, FormatOptions]:
+        """The dataset the run (or the ensemble's members) was trained on, and how it was read."""
+        if self._ensemble is not None:
+            first = self._ensemble.members[0].config
+            recorded = self.path / "config.json"
+            name = read_json(recorded).get("dataset") if recorded.is_file() else None
+            return (name if isinstance(name, str) else first.get("dataset")), runner.reading_of(first)
+        recorded = self.path / "config.json"
+        if not recorded.is_file():
+            raise XmcError(f"{self.path} does not say which dataset it was trained on; pass data")
+        saved = read_json(recorded)
+        return saved["dataset"], runner.reading_of(saved)
+
+    def evaluate(self, data: Any = None, reading: FormatOptions | dict | None = None) -> dict:
+        """Metrics (P@k, nDCG@k, PSP@k, ... at the run's eval_ks, as in metrics.json) of the model on the test
+        split of `data` (see the module docstring); None: the dataset it was trained on."""
+        if data is None:
+            name, recorded_reading = self.recorded_data()
+            dataset = runner.open_dataset(self._registry, name, None, recorded_reading)
+        else:
+            dataset = open_data(data, self._registry, reading)
+        key = f"{dataset.version}/test"
+        if self._ensemble is None:
+            model, config = self._models[0]
+            config = runner.evaluation_config(config)
+            truth = runner.remap_labels(dataset.test_labels, dataset.label_names, self.label_names)
+            found = runner.predict_saved_model(model, runner.test_documents(model, dataset), key, config,
+                                               description="predicting test", tokenizing="tokenizing test")
+            return runner.score(found, truth, model, runner.propensities(dataset, config, self.label_names),
+                                config.eval_ks)
+        deepest = max(ensembles.scoring_config(self._ensemble.members).eval_ks)
+        if deepest > self._ensemble.top_k:
+            raise XmcError(f"the ensemble keeps its top {self._ensemble.top_k} labels, fewer than eval_ks asks for "
+                           f"(@{deepest}); build it again with a larger top_k")
+        labels, _ = self._top(lambda model: runner.test_documents(model, dataset), self._ensemble.top_k, key,
+                              "predicting test")
+        return ensembles._score(labels, dataset, self._ensemble.members)
+
+
+def load(path: str | os.PathLike, registry: Registry | None = None) -> Predictor:
+    """The model of a run directory (or its model/ folder), or the member models of an ensemble directory,
+    read once (runner.load_saved_model per model) into a Predictor."""
+    path = Path(path)
+    registry = registry or build_registry()
+    if ensembles.is_ensemble(path):
+        found = ensembles.read_ensemble(path)
+        models = []
+        for member in found.members:
+            model, config, names = runner.load_saved_model(member.path, registry)
+            if ensembles.labels_digest(names) != found.label_names_sha256:
+                raise XmcError(f"ensemble member {member.path} has another label vocabulary than the ensemble; "
+                               "rebuild the ensemble")
+            models.append((model, config))
+        return Predictor(path, models, found.members[0].label_names, found, registry)
+    if not path.exists():
+        raise XmcError(f"{path} does not exist; pass a run directory or an ensemble directory")
+    model, config, names = runner.load_saved_model(path, registry)
+    return Predictor(path, [(model, config)], names, None, registry)
+
+
+# -- a run ------------------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """A finished run directory: path, metrics (metrics.json), config (config.json)."""
+
+    path: Path
+    metrics: dict
+    config: dict
+    _data: Dataset | None = field(default=None, repr=False, compare=False)   # in-memory data it was trained on
+    _predictor: Predictor | None = field(default=None, repr=False, compare=False)
+    _registry: Registry | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "Run":
+        path = Path(path)
+        if not runner.is_finished(path):
+            raise XmcError(f"{path} holds no finished run (metrics.json is missing)")
+        return cls(path, read_json(path / runner.FINISHED_MARKER), read_json(path / "config.json"))
+
+    def predictor(self) -> Predictor:
+        """The run's model, read on the first call and kept (see `load`)."""
+        if self._predictor is None:
+            self._predictor = load(self.path, self._registry)
+        return self._predictor
+
+    def evaluate(self, data: Any = None, reading: FormatOptions | dict | None = None) -> dict:
+        """Metrics on the test split of `data`; None: the data the run was trained on (kept in memory when it
+        was given as lists)."""
+        return self.predictor().evaluate(data if data is not None else self._data, reading)
+
+
+def train(method: str, data: Any, *, output: str | os.PathLike | None = None, seed: int = 0,
+          registry: Registry | None = None, log: Callable[[str], Any] | None = print,
+          reading: FormatOptions | dict | None = None, overwrite: bool = False, **settings: Any) -> Run:
+    """Train `method` on `data` (see the module docstring) like `xmcbench run`; return the finished Run.
+
+    settings: TrainConfig settings, as `--set` gives them (epochs=1, lr=1e-4, options={"name": value}).
+    output: the run directory; default runs/METHOD-DATASET-TIMESTAMP under the current folder, as the CLI
+    (runs/METHOD-in-memory-HASH-TIMESTAMP for data held in memory). log: where progress lines go (None: nowhere).
+    """
+    registry = registry or build_registry()
+    log = log or (lambda line: None)
+    reading = _reading(reading)
+    memory = in_memory_dataset(data)
+    if memory is not None:
+        if reading != FormatOptions():
+            raise XmcError("reading options read a file or folder; data given in memory takes none")
+        name, loaded = memory.name, memory
+        if output is None:
+            stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+            output = Path("runs") / f"{method}-in-memory-{memory.version[:8]}-{stamp}"
+    else:
+        name = _name(data)
+        registry.method(method)   # an unknown method fails before any data is read
+        loaded = runner.open_dataset(registry, name, None, reading) if reading != FormatOptions() else None
+    plan = runner.plan_run(registry, method, name, None, _set_options(settings), seed, loaded=loaded)
+    plan.loaded = plan.loaded or loaded
+    plan.reading = reading   # config.json records it, so evaluate reads the path alike
+    path = runner.run(plan, Path(output) if output is not None else None, overwrite=overwrite, registry=registry,
+                      log=log)
+    finished = Run.open(path)
+    finished._data, finished._registry = memory, registry
+    return finished
+
+
+def evaluate(path_or_predictor: str | os.PathLike | Predictor | Run, data: Any = None,
+             reading: FormatOptions | dict | None = None, registry: Registry | None = None) -> dict:
+    """Metrics of a run directory, ensemble directory, Run or Predictor on the test split of `data` (None: the
+    dataset it was trained on)."""
+    if isinstance(path_or_predictor, (Predictor, Run)):
+        return path_or_predictor.evaluate(data, reading)
+    return load(path_or_predictor, registry).evaluate(data, reading)
