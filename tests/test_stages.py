@@ -175,6 +175,25 @@ def test_a_head_warmup_trains_the_heads_on_the_frozen_encoder_first(registry, ti
         registry.method("lightxml").stages   # head_warmup_epochs=0: the paper's recipe
 
 
+def test_a_static_method_counts_the_documents_of_every_stage_for_its_timings(registry, tiny_model_dir,
+                                                                             tiny_dataset, tmp_path):
+    import json
+
+    plan, dataset, model, tokens = tiny_setup(registry, tiny_model_dir, "lightxml-static", tiny_dataset,
+                                              epochs=2, refit_epochs=3)
+    trainer = Trainer(model, tokens, dataset.train_labels, plan.config, torch.device("cpu"),
+                      stages=registry.method("lightxml-static").stages)
+    trainer.fit()
+    # recall (2 epochs), rank (2 epochs) and recall-refit (3 epochs), each over the 48 training documents
+    assert trainer.documents_trained == (2 * 2 + 3) * 48
+    predictions = runner.predict(model, tokens, plan.config, torch.device("cpu"))
+    runner.write_results(tmp_path, dataset, {}, predictions, None, np.arange(0), 7.0, trainer.documents_trained,
+                         1.0, False, torch.device("cpu"))
+    timings = json.loads((tmp_path / "timings.json").read_text())
+    assert timings["documents_trained"] == 7 * 48
+    assert timings["train_ms_per_document"] == pytest.approx(1000 * 7.0 / (7 * 48))
+
+
 def test_frozen_encoders_run_once_per_stage_with_the_same_result(registry, tiny_model_dir, tiny_dataset,
                                                                 monkeypatch):
     from xmcbench import pipeline

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from xmcbench.errors import XmcError
+from xmcbench.errors import XmcError, error_line
 from xmcbench.storage import read_json, write_json
 
 POINTER = "latest.json"
@@ -119,7 +119,6 @@ def load_checkpoint(directory: Path) -> dict | None:
     except XmcError:
         raise
     except Exception as error:  # JSON, key and safetensors errors all mean the same thing here
-        raise XmcError(f"the checkpoint in {directory} cannot be read ({type(error).__name__}: "
-                       f"{str(error).splitlines()[0] if str(error) else ''}); delete {directory} to restart "
-                       "the run from scratch") from None
+        raise XmcError(f"the checkpoint in {directory} cannot be read ({error_line(error)}); delete {directory} "
+                       "to restart the run from scratch") from None
     return join_state(skeleton, tensors)

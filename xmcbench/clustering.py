@@ -32,7 +32,7 @@ from sklearn.preprocessing import normalize
 from sklearn.utils.extmath import row_norms
 
 from xmcbench.data import open_binary
-from xmcbench.errors import XmcError
+from xmcbench.errors import XmcError, error_line
 from xmcbench.formats import parse_xc_header, read_xc_sparse
 from xmcbench.progress import progress_bar
 
@@ -750,8 +750,7 @@ def _forked_main(work, worker: int, counter: np.ndarray, errors_memory: mmap.mma
     try:
         work(worker, advance)
     except BaseException as error:  # noqa: BLE001 -- reported by the parent in one line, not a traceback
-        first_line = (str(error).strip().splitlines() or [""])[0]
-        cause = f"{type(error).__name__}: {first_line}".rstrip(": ").encode("utf-8", "replace")[:_ERROR_BYTES]
+        cause = error_line(error).encode("utf-8", "replace")[:_ERROR_BYTES]
         errors_memory[worker * _ERROR_BYTES:worker * _ERROR_BYTES + len(cause)] = cause
         os._exit(_WORKER_FAILED)
 

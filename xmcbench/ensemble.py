@@ -71,7 +71,7 @@ from typing import Sequence
 import numpy as np
 
 from xmcbench.config import check_top_k
-from xmcbench.errors import XmcError
+from xmcbench.errors import XmcError, joined_line
 from xmcbench.metrics import evaluate
 from xmcbench.pipeline import Predictions
 from xmcbench.registry import Registry, build_registry
@@ -277,13 +277,6 @@ def is_ensemble(directory: Path) -> bool:
     return (Path(directory) / ENSEMBLE_FILE).is_file()
 
 
-def _read_json_file(path: Path, what: str):
-    try:
-        return read_json(path)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise XmcError(f"{path} cannot be read as JSON ({' '.join(str(error).split())}): {what} is damaged") from None
-
-
 def read_member(path: Path) -> Member:
     """A finished run directory usable as an ensemble member; anything else ends in one XmcError line."""
     path = Path(path)
@@ -300,8 +293,8 @@ def read_member(path: Path) -> Member:
     for needed in (path / "model" / "model.json", labels_path):
         if not needed.is_file():
             raise XmcError(f"ensemble member {path} has no complete saved model ({needed} is missing); re-run training")
-    config = _read_json_file(path / "config.json", "the run's configuration")
-    label_names = _read_json_file(labels_path, "the label list")
+    config = read_json(path / "config.json", "the run's configuration")
+    label_names = read_json(labels_path, "the label list")
     if not isinstance(config, dict) or not isinstance(label_names, list) \
             or not all(isinstance(name, str) for name in label_names):
         raise XmcError(f"ensemble member {path}: config.json or model/labels.json is damaged; re-run training")
@@ -338,7 +331,7 @@ def read_ensemble(directory: Path) -> Ensemble:
     """The ensemble in `directory`, with every member re-checked (finished, same vocabulary as built)."""
     directory = Path(directory)
     path = directory / ENSEMBLE_FILE
-    spec = _read_json_file(path, "the ensemble description")
+    spec = read_json(path, "the ensemble description")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), int):
         raise XmcError(f"{path} is not an ensemble description (no schema number); rebuild it with `xmcbench ensemble`")
     if spec["schema"] > SCHEMA_VERSION:
@@ -468,7 +461,7 @@ def _validation_predictions(members: list[Member], dataset, top_k: int) -> tuple
         try:
             saved = load_file(str(path))
         except Exception as error:   # safetensors raises several types for a damaged file
-            raise XmcError(f"{path} cannot be read ({' '.join(str(error).split())}); rerun the member") from None
+            raise XmcError(f"{path} cannot be read ({joined_line(error)}); rerun the member") from None
         member_labels, member_scores, rows = saved.get("labels"), saved.get("scores"), saved.get("rows")
         if member_labels is None or member_scores is None or rows is None or member_labels.ndim != 2 \
                 or member_labels.shape != member_scores.shape or rows.shape != (member_labels.shape[0],) \
@@ -633,7 +626,7 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
                      "ensemble_members": len(members), "top_k": top_k, "fusion": rule.rule,
                      "member_methods": [m.method for m in members],
                      "member_seeds": [m.config.get("config", {}).get("seed") for m in members]}})
-    timings = [_read_json_file(m.path / "timings.json", "the run's timings") if (m.path / "timings.json").is_file()
+    timings = [read_json(m.path / "timings.json", "the run's timings") if (m.path / "timings.json").is_file()
                else {} for m in members]
 
     def total(key: str):
@@ -671,7 +664,7 @@ def evaluate_ensemble(directory: Path, dataset_name: str | None = None, data_dir
     if dataset_name is None:
         reading = reading_of(ensemble.members[0].config)   # the members' own dataset, read as they read it
         config_path = Path(directory) / "config.json"
-        recorded = _read_json_file(config_path, "the ensemble's configuration") if config_path.is_file() else None
+        recorded = read_json(config_path, "the ensemble's configuration") if config_path.is_file() else None
         dataset_name = recorded.get("dataset") if isinstance(recorded, dict) else None
         if not isinstance(dataset_name, str):
             dataset_name = ensemble.members[0].config.get("dataset")

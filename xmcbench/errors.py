@@ -7,3 +7,20 @@ its traceback.
 
 class XmcError(Exception):
     """A user-facing error: the message says what is wrong and how to fix it, in one line."""
+
+
+def first_line(text: object) -> str:
+    """The first non-blank line of str(text), stripped ("" when there is none)."""
+    return next((line.strip() for line in str(text).splitlines() if line.strip()), "")
+
+
+def error_line(error: BaseException) -> str:
+    """`TypeName: first line of the message` (the type alone when the message is empty): an exception that
+    is not an XmcError, reported in one line."""
+    line = first_line(error)
+    return f"{type(error).__name__}: {line}" if line else type(error).__name__
+
+
+def joined_line(text: object) -> str:
+    """str(text) on one line: every run of whitespace, line breaks included, becomes one space."""
+    return " ".join(str(text).split())

@@ -31,11 +31,11 @@ from safetensors.torch import _remove_duplicate_names, load_model, save_file
 
 import xmcbench
 from xmcbench.config import TrainConfig
-from xmcbench.errors import XmcError
+from xmcbench.errors import XmcError, joined_line
 from xmcbench.interfaces import LabelClusters
 from xmcbench.pipeline import XMCModel
 from xmcbench.registry import Registry
-from xmcbench.storage import atomic_write, write_json
+from xmcbench.storage import atomic_write, read_json, write_json
 
 SCHEMA_VERSION = 1
 ENCODER_FOLDER = "encoder"
@@ -170,26 +170,6 @@ def signed_description(meta: dict) -> dict:
 
 # -- loading ----------------------------------------------------------------------------------------
 
-def one_line(text: object) -> str:
-    return " ".join(str(text).split())
-
-
-def _read_json(path: Path, what: str):
-    if not path.is_file():
-        raise XmcError(f"{path} is missing: the model directory is incomplete; {REDO}")
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as error:
-        raise XmcError(f"cannot read {path}: {error.strerror or error}") from None
-    except UnicodeDecodeError:
-        raise XmcError(f"{path} is not valid JSON (it is not UTF-8 text): {what} is damaged; {REDO}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        problem = "it is empty" if not text.strip() else f"{error.msg} at line {error.lineno} column {error.colno}"
-        raise XmcError(f"{path} is not valid JSON ({problem}): {what} is damaged or truncated; {REDO}") from None
-
-
 def _is_size(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -202,7 +182,7 @@ def read_signed_description(path: Path, schema_version: int, required_keys: tupl
     """A model.json that is a JSON object, of a schema this xmcbench reads, matching its own checksum and
     holding `required_keys` (component models here; whole methods in xmcbench.whole_methods); anything
     else ends in one XmcError line."""
-    meta = _read_json(path, "the model description")
+    meta = read_json(path, "the model description", REDO)
     if not isinstance(meta, dict):
         raise XmcError(f"{path} does not hold a JSON object: the model description is damaged; {REDO}")
     schema = meta.get("schema")
@@ -250,7 +230,7 @@ def _read_meta(directory: Path) -> dict:
 
 def _read_labels(directory: Path, num_labels: int) -> list[str]:
     path = directory / "labels.json"
-    labels = _read_json(path, "the label list")
+    labels = read_json(path, "the label list", REDO)
     if not isinstance(labels, list) or not all(isinstance(name, str) for name in labels):
         raise XmcError(f"{path} must hold a JSON list of label names (strings): the label list is damaged; {REDO}")
     if len(labels) != num_labels:
@@ -407,7 +387,7 @@ def load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Train
     except XmcError as error:
         message = str(error)
         if "\n" in message or "\r" in message:
-            raise XmcError(one_line(message)) from None
+            raise XmcError(joined_line(message)) from None
         raise
 
 
@@ -436,7 +416,7 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
         config = TrainConfig.from_dict(meta["config"])
     except XmcError as error:
         version = meta.get("xmcbench_version")
-        raise XmcError(f"{meta_path}: {one_line(error)}: the model was written by another xmcbench "
+        raise XmcError(f"{meta_path}: {joined_line(error)}: the model was written by another xmcbench "
                        f"({version}) or its description is damaged; upgrade xmcbench or {REDO}") from None
     flat = width == 1 and num_clusters == num_labels
     _check_components(registry, config, flat, meta_path)
@@ -457,12 +437,12 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
         model = build_model(registry, dataclasses.replace(config, pretrained_weights=False), clusters,
                             encoder_params)
     except XmcError as error:
-        raise XmcError(f"cannot rebuild the model of {directory}: {one_line(error)}; {REDO}") from None
+        raise XmcError(f"cannot rebuild the model of {directory}: {joined_line(error)}; {REDO}") from None
     _check_weights(weights, tensors, model, meta["storage_dtype"])
     try:   # load_state_dict copies each stored tensor into the model's float32 one: half ones are upcast
         missing, unexpected = load_model(model, str(weights), strict=False, device="cpu")
     except Exception as error:  # safetensors raises several types for damaged files
-        raise XmcError(f"{weights} cannot be read: {one_line(error)}; {REDO}") from None
+        raise XmcError(f"{weights} cannot be read: {joined_line(error)}; {REDO}") from None
     if missing or unexpected:
         parts = ([_describe_names("it lacks", missing)] if missing else []) + \
                 ([_describe_names("it has unexpected tensors", unexpected)] if unexpected else [])

@@ -38,7 +38,7 @@ from typing import Any, Callable, NamedTuple
 import pluggy
 
 from xmcbench import hookspecs
-from xmcbench.errors import XmcError
+from xmcbench.errors import XmcError, error_line, joined_line
 
 COMPONENT_KINDS = ("encoder", "recaller", "ranker", "sampler")
 # Characters a registered name must not contain: they break its use on the command line (a path, `--set
@@ -100,12 +100,6 @@ def closest_names_hint(name: str, choices) -> str:
     if matches:
         return "did you mean " + ", ".join(repr(m) for m in matches) + "?"
     return "valid names: " + ", ".join(sorted(choices))
-
-
-def one_line(error: BaseException) -> str:
-    """`TypeName: first line of the message` (the type alone when the message is empty)."""
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def _short_repr(value: Any, limit: int = 60) -> str:
@@ -324,7 +318,7 @@ class Registry:
             plugin_manager.register(plugin, name=name)
         except pluggy.PluginValidationError as error:
             raise PluginLoadError(f"plugin {name!r} does not match xmcbench/hookspecs.py: "
-                                  f"{' '.join(str(error).split())}") from error
+                                  f"{joined_line(error)}") from error
         except ValueError as error:   # pluggy: the name or the very object is registered already
             if plugin_manager.is_registered(plugin):
                 raise PluginLoadError(f"plugin {name!r} is the same module as the already loaded plugin "
@@ -344,7 +338,7 @@ class Registry:
                 except RegistrationError as error:
                     raise RegistrationError(f"{error}{_raised_at(error, plugin)}") from error
                 except Exception as error:
-                    raise PluginLoadError(f"plugin {self._origin()}: hook {hook} raised {one_line(error)}"
+                    raise PluginLoadError(f"plugin {self._origin()}: hook {hook} raised {error_line(error)}"
                                           f"{_raised_at(error, plugin)}") from error
         except BaseException:
             for table, added in self._added:
@@ -581,12 +575,12 @@ def build_registry(extra_plugins: list[tuple[str, Any]] = (), load_entry_points:
                 plugin = get_plugin()
             # a broken third-party plugin must not break unrelated commands, not even by exiting
             except (Exception, SystemExit, KeyboardInterrupt) as error:
-                registry.failed.append(FailedPlugin(name, label, f"import failed: {one_line(error)}"))
+                registry.failed.append(FailedPlugin(name, label, f"import failed: {error_line(error)}"))
                 return
             try:
                 registry.register_plugin(plugin_manager, plugin, name, package, version)
             except (Exception, SystemExit, KeyboardInterrupt) as error:
-                message = " ".join(str(error).split()) if isinstance(error, XmcError) else one_line(error)
+                message = joined_line(error) if isinstance(error, XmcError) else error_line(error)
                 registry.failed.append(FailedPlugin(name, label, message))
 
     if load_entry_points:

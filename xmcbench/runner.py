@@ -31,7 +31,7 @@ from xmcbench.data import Dataset, _dataset_files, data_dir_from_env, load_datas
 from xmcbench.defaults import RULE_VERSION, DatasetStatistics, Derived, DeviceFacts, dataset_statistics, \
     derive_settings
 from xmcbench.distributed import Distributed, broadcast_text, from_environment, shutdown
-from xmcbench.errors import XmcError
+from xmcbench.errors import XmcError, joined_line
 from xmcbench.formats import FormatOptions, read_dataset
 from xmcbench.interfaces import LabelClusters, WholeMethod
 from xmcbench.metrics import evaluate, propensity_scores
@@ -800,7 +800,7 @@ def _read_score_matrix(path: Path) -> sp.csr_matrix:
         matrix = sp.load_npz(path)
     except Exception as error:   # numpy and zipfile raise several types for a file that is not one
         raise XmcError(f"{path} is not a sparse matrix saved with scipy.sparse.save_npz ({type(error).__name__}: "
-                       f"{' '.join(str(error).split())})") from None
+                       f"{joined_line(error)})") from None
     matrix = sp.csr_matrix(matrix, dtype=np.float64)
     if not np.all(np.isfinite(matrix.data)):
         raise XmcError(f"{path} holds scores that are not finite numbers (NaN or infinite); fix the system's output")

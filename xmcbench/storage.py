@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from xmcbench.errors import XmcError
+
 
 def cache_dir() -> Path:
     """$XMCBENCH_CACHE, else ~/.cache/xmcbench."""
@@ -51,5 +53,25 @@ def write_json(path: Path, value: Any) -> None:
     atomic_write(path, lambda temporary: temporary.write_text(json.dumps(value, indent=2, default=str) + "\n"))
 
 
-def read_json(path: Path) -> Any:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+def read_json(path: Path, what: str | None = None, remedy: str = "") -> Any:
+    """The JSON value in `path`. Without `what`, a missing or unreadable file or bad JSON raises as it is
+    (OSError, UnicodeDecodeError, json.JSONDecodeError). With `what` (what the file holds: "the label list"),
+    each ends in one XmcError line that names the file and says what is wrong, followed by "; remedy" when a
+    remedy (what to do) is given."""
+    path = Path(path)
+    if what is None:
+        return json.loads(path.read_text(encoding="utf-8"))
+    end = f"; {remedy}" if remedy else ""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise XmcError(f"{path} is missing ({what}){end}") from None
+    except OSError as error:
+        raise XmcError(f"cannot read {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise XmcError(f"{path} is not valid JSON (it is not UTF-8 text): {what} is damaged{end}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        problem = "it is empty" if not text.strip() else f"{error.msg} at line {error.lineno} column {error.colno}"
+        raise XmcError(f"{path} is not valid JSON ({problem}): {what} is damaged or truncated{end}") from None

@@ -65,7 +65,10 @@ import torch
 from torch import nn
 
 from xmcbench.config import Stage, TrainConfig, apply_overrides
+from xmcbench.errors import error_line
 from xmcbench.interfaces import Candidates, Encoder, LabelClusters, Ranker, Recaller, Sampler, StageContext
+from xmcbench.pipeline import seed_everything
+from xmcbench.tokenization import pads_left, token_ids
 
 __all__ = ["make_tiny_transformer", "tiny_config", "check_encoder", "check_recaller", "check_ranker",
            "check_sampler", "check_component", "check_whole_method", "pickles_in", "write_tiny_dataset"]
@@ -113,13 +116,6 @@ def tiny_config(model_dir: Path, **overrides) -> TrainConfig:
 
 
 # -- shared machinery -----------------------------------------------------------------------------------
-
-def _seed(seed: int) -> None:
-    """What `xmcbench.pipeline.seed_everything` seeds."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
 
 def _isolated(check: Callable) -> Callable:
     """Run a check on one CPU thread (its tensors are tiny: more threads only contend, badly so on a busy
@@ -173,12 +169,10 @@ class _Check:
         except AssertionError:
             raise
         except Exception as error:
-            lines = str(error).strip().splitlines()
-            raise AssertionError(f"{self.kind} {self.name}: {rule}: raised {type(error).__name__}"
-                                 + (f": {lines[0]}" if lines else "")) from error
+            raise AssertionError(f"{self.kind} {self.name}: {rule}: raised {error_line(error)}") from error
 
     def build(self, build: Callable[[], Any], abc: type, signature: str, seed: int) -> Any:
-        _seed(seed)
+        seed_everything(seed)
         with self.rule(f"the pipeline's factory call {signature} must work"):
             component = build()
         if not isinstance(component, abc):
@@ -389,7 +383,7 @@ def _encoder_batch(tokenizer, batch: int, length: int, generator: torch.Generato
     lengths = torch.randint(1, length + 1, (batch,), generator=generator)
     lengths[0] = length
     positions = torch.arange(length).unsqueeze(0)
-    if getattr(tokenizer, "padding_side", "right") == "left":
+    if pads_left(tokenizer):
         mask = positions >= (length - lengths).unsqueeze(1)
     else:
         mask = positions < lengths.unsqueeze(1)
@@ -398,10 +392,8 @@ def _encoder_batch(tokenizer, batch: int, length: int, generator: torch.Generato
 
 
 def _token_ids(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
-    """What xmcbench.tokenization asks a tokenizer for: unpadded id lists, truncated, special tokens added."""
-    encoded = tokenizer(texts, truncation=True, max_length=max_length, add_special_tokens=True,
-                        return_attention_mask=False, return_token_type_ids=False)["input_ids"]
-    return [[int(i) for i in ids] for ids in encoded]
+    """xmcbench.tokenization.token_ids as plain Python ints (a plugin tokenizer may give tensors or numpy ints)."""
+    return [[int(i) for i in ids] for ids in token_ids(tokenizer, texts, max_length)]
 
 
 def _text_batch(tokenizer, encoded: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -410,7 +402,7 @@ def _text_batch(tokenizer, encoded: list[list[int]]) -> tuple[torch.Tensor, torc
 
     texts = TokenizedTexts.from_lengths(np.fromiter((i for ids in encoded for i in ids), dtype=np.int32),
                                         np.array([len(ids) for ids in encoded]), int(tokenizer.pad_token_id),
-                                        getattr(tokenizer, "padding_side", "right") == "left")
+                                        pads_left(tokenizer))
     return texts.batch(np.arange(len(encoded)))
 
 
@@ -489,7 +481,7 @@ def check_encoder(factory, config, batch_sizes=(1, 3), lengths=(1, 5, 12)) -> No
                             _convert_floats)
 
     tokenizer = tokenizers[0]
-    left = getattr(tokenizer, "padding_side", "right") == "left"
+    left = pads_left(tokenizer)
     for description, inputs in cases:
         expected = _run(check, encoder, forward, inputs, f"forward on {description} must work")
         padded = _pad(*inputs, EXTRA_PADDING, int(tokenizer.pad_token_id), left)
@@ -741,7 +733,7 @@ def check_sampler(factory, config, num_labels: int = 24, num_clusters: int = 6, 
 
     def sample(sampler: Sampler, inputs: tuple, device: torch.device, description: str, rule: str) -> Candidates:
         logits, positives, doc_index = (x.to(device) for x in inputs)
-        _seed(CALL_SEED)
+        seed_everything(CALL_SEED)
         with check.rule(rule):
             candidates = sampler(logits, positives, clusters.to(device), doc_index)
         _check_candidates(check, candidates, positives, clusters, device, description)

@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from xmcbench.errors import XmcError
+from xmcbench.errors import XmcError, error_line, first_line
 from xmcbench.progress import progress_bar
 from xmcbench.storage import cache_dir, fingerprint, umask_mode
 
@@ -60,14 +60,24 @@ def load_pretrained(load: Callable[[str], object], model_name: str, what: str):
     try:
         return load(path)
     except Exception as error:  # a missing or damaged folder raises OSError, ValueError, KeyError, TypeError...
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         if Path(path).is_dir():
-            raise XmcError(f"cannot load the {what} in {path}: its files are damaged "
-                           f"({type(error).__name__}: {first_line})") from None
+            raise XmcError(f"cannot load the {what} in {path}: its files are damaged ({error_line(error)})") from None
         if not isinstance(error, OSError):
             raise
-        raise XmcError(f"cannot load the {what} of {model_name!r}: {first_line} (give a local model folder, "
+        raise XmcError(f"cannot load the {what} of {model_name!r}: {first_line(error) or type(error).__name__} (give a local model folder, "
                        "or a Hub name with internet or a local cache)") from None
+
+
+def pads_left(tokenizer) -> bool:
+    """Whether `tokenizer` pads on the left (its padding_side; the right when it has none)."""
+    return getattr(tokenizer, "padding_side", "right") == "left"
+
+
+def token_ids(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
+    """What xmcbench asks a tokenizer for: one unpadded id list per text, truncated to max_length, special
+    tokens added."""
+    return tokenizer(texts, truncation=True, max_length=max_length, add_special_tokens=True,
+                     return_attention_mask=False, return_token_type_ids=False)["input_ids"]
 
 
 def load_tokenizer(model_name: str):
@@ -151,7 +161,7 @@ def tokenize(texts: list[str], tokenizer, max_length: int, texts_key: str | None
     texts_key identifies the texts (e.g. dataset version + split); the cache entry's name combines it with
     the tokenizer's fingerprint and max_length. texts_key=None: no cache (e.g. texts typed by a user), the
     ids stay in memory. With a cache the ids come back memory-mapped, also right after writing them."""
-    pad_left = getattr(tokenizer, "padding_side", "right") == "left"
+    pad_left = pads_left(tokenizer)
     batches = _encoded_batches(texts, tokenizer, max_length, batch_size, description)
     if texts_key is None:
         chunks, lengths = [np.zeros(0, dtype=np.int32)], [np.zeros(0, dtype=np.int64)]
@@ -204,8 +214,7 @@ def _choose_encoder(tokenizer, max_length: int,
     otherwise the tokenizer is called."""
 
     def call(batch: list[str]) -> list[list[int]]:
-        return tokenizer(batch, truncation=True, max_length=max_length, add_special_tokens=True,
-                         return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        return token_ids(tokenizer, batch, max_length)
 
     expected = call(first_batch)
     backend = _backend_copy(tokenizer, max_length)

@@ -31,14 +31,14 @@ import xmcbench
 from xmcbench.config import TrainConfig
 from xmcbench.data import Dataset
 from xmcbench.distributed import Distributed
-from xmcbench.errors import XmcError
+from xmcbench.errors import XmcError, joined_line
 from xmcbench.interfaces import WholeMethod
-from xmcbench.modelio import REDO, _read_json, _read_labels, _verify_files, file_digest, read_signed_description, \
+from xmcbench.modelio import REDO, _read_labels, _verify_files, file_digest, read_signed_description, \
     signed_description
 from xmcbench.pipeline import Predictions, seed_everything, set_threads
 from xmcbench.registry import Registry
 from xmcbench.rundir import ClaimedRun, claim_existing, claim_output
-from xmcbench.storage import write_json
+from xmcbench.storage import read_json, write_json
 
 SCHEMA_VERSION = 1
 METHOD_FOLDER = "method"
@@ -203,7 +203,7 @@ def is_whole_method_model(directory: Path) -> bool:
     """Whether `directory` (a run directory or its model/ folder) holds a whole method's model."""
     path = _model_folder(directory) / "model.json"
     try:
-        meta = _read_json(path, "the model description") if path.is_file() else None
+        meta = read_json(path, "the model description", REDO) if path.is_file() else None
     except XmcError:
         return False   # damaged: the component loader reports it
     return isinstance(meta, dict) and "whole_method" in meta
@@ -227,7 +227,7 @@ def load_model_dir(directory: Path, registry: Registry) -> tuple[WholeMethod, Tr
     try:
         config = TrainConfig.from_dict(meta["config"])
     except XmcError as error:
-        raise XmcError(f"{path}: {' '.join(str(error).split())}: the model was written by another xmcbench "
+        raise XmcError(f"{path}: {joined_line(error)}: the model was written by another xmcbench "
                        f"({meta.get('xmcbench_version')}) or its description is damaged; {REDO}") from None
     # the machine it runs on is this one, not the one that trained it
     config = dataclasses.replace(config, device="auto", threads=0)
@@ -238,5 +238,5 @@ def load_model_dir(directory: Path, registry: Registry) -> tuple[WholeMethod, Tr
         raise
     except Exception as error:   # a backend's own reader failing on a damaged file
         raise XmcError(f"cannot load {directory / METHOD_FOLDER} with {name}: {type(error).__name__}: "
-                       f"{' '.join(str(error).split())}; {REDO}") from None
+                       f"{joined_line(error)}; {REDO}") from None
     return model, config, label_names

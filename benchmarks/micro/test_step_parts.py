@@ -5,7 +5,8 @@
     python -m pytest benchmarks/micro                                               # the suite: run once, tiny
 
 The test suite collects these with benchmarking disabled (pyproject's --benchmark-disable): each body runs
-once at tiny sizes, so they cannot rot, and nothing is timed or asserted about time.
+once at tiny sizes, so they cannot rot, and nothing is timed or asserted about time; each checks what it
+measures (shapes, the rows an update moves, the real prediction against a step-by-step reference).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import torch
 from xmcbench.candidates import candidates_with_positives, expand_clusters
 from xmcbench.interfaces import LabelClusters
 from xmcbench.optim import RowAdam
+from xmcbench.pipeline import XMCModel
 from xmcbench_lightxml.ranker import BottleneckRanker
+from xmcbench_lightxml.sampler import DynamicSampler
 
 WIKI500K = {"batch": 32, "labels": 501_008, "clusters": 8_192, "top": 32, "hidden": 500, "dim": 3_840,
             "positives": 5}
@@ -73,23 +76,41 @@ def test_ranker_scoring_forward_backward(benchmark, sizes):
     assert logits.shape == candidates.labels.shape and ranker.label_embedding.weight.grad.is_sparse
 
 
+class Fixed(torch.nn.Module):
+    """An encoder or recaller stand-in that returns a fixed tensor: what predict_top does after them is timed."""
+
+    def __init__(self, value: torch.Tensor) -> None:
+        super().__init__()
+        self.value = value
+
+    def forward(self, *inputs) -> torch.Tensor:
+        return self.value
+
+
 def test_prediction_top_k(benchmark, sizes):
-    """Prediction after the encoder: recall top-b, expansion, ranker scores, recall x rank, top-10."""
+    """Prediction after the encoder and recaller (XMCModel.predict_top itself): recall top-b, expansion, ranker
+    scores, recall x rank, top-10."""
     clusters, recall_logits, _ = step_inputs(sizes)
     ranker = BottleneckRanker(sizes["dim"], sizes["labels"], sizes["hidden"]).eval()
     representation = torch.randn(sizes["batch"], sizes["dim"])
+    model = XMCModel(Fixed(representation), Fixed(recall_logits), ranker, DynamicSampler(sizes["top"]),
+                     clusters).eval()
+    input_ids = attention_mask = torch.ones(sizes["batch"], 1, dtype=torch.long)   # unread by the stand-ins
 
-    @torch.no_grad()
-    def top_k():
+    (labels, scores), recalled = benchmark(model.predict_top, input_ids, attention_mask, sizes["top"], 10)
+
+    assert labels.shape == scores.shape == (sizes["batch"], 10) and recalled.shape == (sizes["batch"], sizes["top"])
+    with torch.no_grad():   # the same scores computed step by step
         recall_scores = torch.sigmoid(recall_logits)
-        _, recalled = recall_scores.topk(sizes["top"], dim=1)
-        candidates = expand_clusters(recalled, torch.ones_like(recalled, dtype=torch.bool), clusters)
-        scores = recall_scores.gather(1, candidates.clusters) * torch.sigmoid(ranker(representation,
-                                                                                     candidates.labels))
-        return torch.where(candidates.mask, scores, -1.0).topk(10, dim=1)
-
-    scores, _ = benchmark(top_k)
-    assert scores.shape == (sizes["batch"], 10)
+        expected_recalled = recall_scores.topk(sizes["top"], dim=1).indices
+        candidates = expand_clusters(expected_recalled, torch.ones_like(expected_recalled, dtype=torch.bool),
+                                     clusters)
+        expected = torch.where(candidates.mask, recall_scores.gather(1, candidates.clusters)
+                               * torch.sigmoid(ranker(representation, candidates.labels)), -1.0)
+        expected_scores, slots = expected.topk(10, dim=1)
+    assert torch.equal(recalled, expected_recalled)
+    assert torch.allclose(scores, expected_scores)
+    assert torch.equal(labels, candidates.labels.gather(1, slots))
 
 
 @pytest.mark.parametrize("update", ["sparse", "torch-sparseadam", "dense"])
@@ -110,4 +131,13 @@ def test_label_embedding_update(benchmark, sizes, update):
 
     gradient()
     optimizer.step()   # the optimizer state exists before timing, as in a running training
+    before = embedding.weight.detach().clone()
     benchmark.pedantic(optimizer.step, setup=gradient, rounds=5 if not benchmark.disabled else 1)
+    after = embedding.weight.detach()
+    touched = torch.zeros(sizes["labels"], dtype=torch.bool)
+    touched[candidates.labels.flatten()] = True
+    moved = (after != before).any(dim=1)
+    assert moved[touched].all(), "every row with a gradient takes the step"
+    if update != "dense":   # sparse updates leave the other rows as they were; AdamW's decay moves them all
+        assert not moved[~touched].any()
+    assert torch.isfinite(after).all()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from xmcbench.data import Dataset
-from xmcbench.errors import XmcError
+from xmcbench.errors import XmcError, joined_line
 from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset_from_rows, label_lists, split_test
 from xmcbench_formats.delimited import LABEL_COLUMNS, TEXT_COLUMNS, choose_separator, pick_column, split_cell
 
@@ -56,7 +56,7 @@ def read(path: Path, options: FormatOptions) -> Dataset:
     try:
         loaded = datasets.load_from_disk(str(path))
     except (OSError, ValueError, FileNotFoundError) as error:
-        raise XmcError(f"cannot read {path} with datasets.load_from_disk ({' '.join(str(error).split())}); check "
+        raise XmcError(f"cannot read {path} with datasets.load_from_disk ({joined_line(error)}); check "
                        "that it is a folder written by save_to_disk") from None
     splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"all": loaded}
     if set(splits) >= {"train", "test"}:
