@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from xmcbench.registry import build_registry
 from xmcbench import data
 from xmcbench.data import (
     DatasetSpec,
@@ -118,14 +119,23 @@ def test_checksums_json_matches_shipped_files():
         assert hashlib.sha256((root / rel).read_bytes()).hexdigest() == digest, f"{rel}: regenerate checksums.json"
 
 
-def test_builtin_datasets_registry():
-    path = REPO / "plugins" / "xmcbench_lightxml" / "datasets.py"
-    module_spec = importlib.util.spec_from_file_location("_xmcbench_lightxml_datasets", path)
+def _module(path: Path, name: str):
+    module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
-    specs = {s.name: s for s in module.builtin_datasets()}
-    assert list(specs) == ["debian-debtags-mini", "debian-debtags", "debian-builddeps",
-                           "eurlex4k", "wiki10-31k", "amazoncat13k", "wiki500k", "amazon670k"]
+    return module
+
+
+def test_builtin_datasets_registry():
+    """xmcbench's own plugin registers the datasets it ships; LightXML's registers the paper's benchmarks."""
+    shipped = _module(REPO / "datasets" / "plugin.py", "_xmcbench_datasets_plugin").shipped_datasets()
+    paper = _module(REPO / "plugins" / "xmcbench_lightxml" / "datasets.py", "_lightxml_datasets").paper_datasets()
+    specs = {s.name: s for s in shipped + paper}
+    assert [s.name for s in shipped] == ["debian-debtags-mini", "debian-debtags", "debian-builddeps"]
+    assert [s.name for s in paper] == ["eurlex4k", "wiki10-31k", "amazoncat13k", "wiki500k", "amazon670k"]
+    registry = build_registry()
+    assert registry.datasets["debian-debtags-mini"].origin.startswith("xmcbench-datasets")
+    assert registry.datasets["wiki500k"].origin.startswith("lightxml")
     for name in ("debian-debtags-mini", "debian-debtags", "debian-builddeps"):
         stats = json.loads((REPO / "datasets" / name / "stats.json").read_text())
         spec = specs[name]

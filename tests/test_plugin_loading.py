@@ -260,7 +260,7 @@ def test_a_clash_keeps_the_plugins_methods_and_datasets_and_rejects_each_clash()
                                 "several (<in-process>); several's 'lightxml' was not loaded")
     assert errors[1] == ("plugin several (<in-process>) registers method 'mine' twice; the second registration "
                          "was not loaded")
-    assert errors[2].startswith("dataset 'debian-debtags-mini' is registered twice: by lightxml")
+    assert errors[2].startswith("dataset 'debian-debtags-mini' is registered twice: by xmcbench-datasets")
     assert registry.methods["mine"].value.description == "my own method"
     assert registry.methods["lightxml"].origin.startswith("lightxml (")
     assert_unharmed(registry)

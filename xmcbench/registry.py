@@ -18,7 +18,8 @@ registered through a stand-in that marks its plain callables.
 
 Environment:
     XMCBENCH_DISABLE_PLUGIN_AUTOLOAD=1   load no entry point except those named in XMCBENCH_PLUGINS (the
-                                         built-in `lightxml` plugin is an entry point too).
+                                         built-in `lightxml`, `xmcbench-datasets` and `xmcbench-formats`
+                                         plugins are entry points too).
     XMCBENCH_PLUGINS=name1,name2         entry-point names to load explicitly; a name no installed package
                                          provides is reported as a failed plugin.
 """

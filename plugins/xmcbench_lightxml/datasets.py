@@ -1,14 +1,10 @@
-"""Datasets of the LightXML reproduction: three Debian datasets shipped with xmcbench, the paper's five benchmarks.
-
-The Debian datasets live in the package ``xmcbench_datasets`` (the repository's ``datasets/`` folder). The paper's
-benchmarks are too large and not ours to redistribute: users download them and point ``--data-dir`` (or
-``$XMCBENCH_DATA_DIR``) at the folder holding e.g. ``Wiki-500K/``.
+"""The paper's five benchmarks, which LightXML's presets are for. They are too large and not ours to
+redistribute: users download them and point ``--data-dir`` (or ``$XMCBENCH_DATA_DIR``) at the folder holding
+e.g. ``Wiki-500K/``. (The Debian datasets that ship with xmcbench are registered by xmcbench's own
+``xmcbench_datasets`` plugin.)
 """
 
 from __future__ import annotations
-
-import importlib.resources
-from importlib.resources.abc import Traversable
 
 from xmcbench.data import DatasetSpec
 
@@ -18,37 +14,7 @@ PAPER_SOURCE = (
     "(manikvarma.org/downloads/XC/XMLRepository.html)"
 )
 
-DEBIAN_SOURCE = (
-    "shipped inside xmcbench as the package xmcbench_datasets (reinstall xmcbench if it is missing); "
-    "built from Debian 12 bookworm main archive metadata, see datasets/{name}/README.md"
-)
-
 XC_REPOSITORY = "http://manikvarma.org/downloads/XC/XMLRepository.html"
-
-
-def _embedded(name: str) -> Traversable | None:
-    """The shipped folder of a Debian dataset; None when the package is absent (then the data dir is searched)."""
-    try:
-        return importlib.resources.files("xmcbench_datasets") / name
-    except ModuleNotFoundError:
-        # A bare source checkout without `pip install -e .`: listing the registry must still work.
-        return None
-
-
-def _debian(name: str, description: str, num_train: int, num_test: int, num_labels: int) -> DatasetSpec:
-    return DatasetSpec(
-        name=name,
-        description=description,
-        dirname=name,
-        embedded=_embedded(name),
-        num_train=num_train,
-        num_test=num_test,
-        num_labels=num_labels,
-        propensity_a=0.55,
-        propensity_b=1.5,
-        source=DEBIAN_SOURCE.format(name=name),
-        card=f"datasets/{name}/README.md",
-    )
 
 
 def _paper(name: str, description: str, dirname: str, num_train: int, num_test: int, num_labels: int,
@@ -67,21 +33,11 @@ def _paper(name: str, description: str, dirname: str, num_train: int, num_test: 
     )
 
 
-def builtin_datasets() -> list[DatasetSpec]:
+def paper_datasets() -> list[DatasetSpec]:
     """The registry entries this plugin contributes, smallest first."""
-    # Debian statistics are those of stats.json (num_labels counts test-only labels too, as the cards do).
-    # Paper statistics are Table 1 of LightXML (copied from AttentionXML); propensity A, B follow Jain et al. 2016:
+    # Statistics are Table 1 of LightXML (copied from AttentionXML); propensity A, B follow Jain et al. 2016:
     # 0.5/0.4 for Wikipedia-LSHTC-like data, 0.6/2.6 for Amazon, 0.55/1.5 otherwise.
     return [
-        _debian("debian-debtags-mini",
-                "Debian package descriptions -> debtags (a sixth of debian-debtags); small default for tests and demos",
-                4_244, 1_206, 520),
-        _debian("debian-debtags",
-                "Debian package descriptions -> debtags facet::value tags; medium, Eurlex-4K-like label count",
-                24_218, 6_082, 598),
-        _debian("debian-builddeps",
-                "Debian source package descriptions -> Build-Depends package names; extreme, power-law labels",
-                27_365, 6_788, 20_813),
         _paper("eurlex4k", "EUR-Lex legal documents -> EUROVOC descriptors (LightXML Table 1)",
                "Eurlex-4K", 15_449, 3_865, 3_956, 0.55, 1.5),
         _paper("wiki10-31k", "Wikipedia articles -> social bookmarking tags (LightXML Table 1)",

@@ -1,7 +1,7 @@
-"""Entry point of the reference plugin set: registers LightXML's components, method and the datasets."""
+"""Entry point of the reference plugin set: registers LightXML's components, methods and the paper's benchmarks."""
 
 from xmcbench.hookspecs import hookimpl
-from xmcbench_lightxml.datasets import builtin_datasets
+from xmcbench_lightxml.datasets import paper_datasets
 from xmcbench_lightxml.encoder import build_transformer_cls
 from xmcbench_lightxml.methods import lightxml_methods
 from xmcbench_lightxml.ranker import build_bottleneck
@@ -27,5 +27,5 @@ def xmcbench_register_methods(registry):
 
 @hookimpl
 def xmcbench_register_datasets(registry):
-    for dataset in builtin_datasets():
+    for dataset in paper_datasets():
         registry.add_dataset(dataset)
