@@ -54,3 +54,10 @@ def test_the_written_package_installs_and_passes_its_tests(tmp_path):
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
     assert "6 passed" in tests.stdout
     assert files_under(folder) == before   # the plugin's tests wrote nothing into its folder
+
+
+def test_an_output_that_cannot_be_written_is_one_line(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert_one_line_error(xmcbench("new-plugin", "cosine", "--output", str(blocker)),
+                          "cannot write the plugin package into", "choose another --output")

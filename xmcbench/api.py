@@ -214,7 +214,8 @@ class Predictor:
             model, config = self._models[0]
             config = runner.evaluation_config(config)
             truth = runner.remap_labels(dataset.test_labels, dataset.label_names, self.label_names)
-            found = runner.predict_saved_model(model, runner.test_documents(model, dataset), key, config,
+            documents = runner.test_documents(model, dataset, self._registry)
+            found = runner.predict_saved_model(model, documents, key, config,
                                                description="predicting test", tokenizing="tokenizing test")
             return runner.score(found, truth, model, runner.propensities(dataset, config, self.label_names),
                                 config.eval_ks)
@@ -222,8 +223,8 @@ class Predictor:
         if deepest > self._ensemble.top_k:
             raise XmcError(f"the ensemble keeps its top {self._ensemble.top_k} labels, fewer than eval_ks asks for "
                            f"(@{deepest}); build it again with a larger top_k")
-        labels, _ = self._top(lambda model: runner.test_documents(model, dataset), self._ensemble.top_k, key,
-                              "predicting test")
+        labels, _ = self._top(lambda model: runner.test_documents(model, dataset, self._registry),
+                              self._ensemble.top_k, key, "predicting test")
         return ensembles._score(labels, dataset, self._ensemble.members)
 
 

@@ -493,9 +493,10 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
         validation_tokens = train_tokens.subset(validation_rows)
         validation_truth = dataset.train_labels[validation_rows]
 
+        selection_k = int(config.selection_metric.split("@")[1])   # validation scores only the metric it selects by
+
         def validate(candidate: XMCModel) -> float:
             found = predict(candidate, validation_tokens, config, device, description="validating", dist=dist)
-            selection_k = int(config.selection_metric.split("@")[1])
             return score(found, validation_truth, candidate, weights, ks=(selection_k,),
                          frequency_bins=False)[config.selection_metric]
 
@@ -665,7 +666,8 @@ def evaluate_run(run_dir: Path, dataset_name: str | None = None, data_dir: Path 
         options = options if options not in (None, FormatOptions()) else reading_of(saved)
     dataset = open_dataset(registry, dataset_name, data_dir, options)
     truth = remap_labels(dataset.test_labels, dataset.label_names, label_names)
-    predictions = predict_saved_model(model, test_documents(model, dataset), f"{dataset.version}/test", config,
+    documents = test_documents(model, dataset, registry)
+    predictions = predict_saved_model(model, documents, f"{dataset.version}/test", config,
                                       description="predicting test", tokenizing="tokenizing test")
     return score(predictions, truth, model, propensities(dataset, config, label_names), config.eval_ks)
 
@@ -738,12 +740,12 @@ def load_saved_model(run_dir: Path, registry: Registry) -> tuple[XMCModel | Whol
     return load_model_dir(run_dir, registry)
 
 
-def test_documents(model: XMCModel | WholeMethod, dataset: Dataset) -> list[str] | sp.csr_matrix:
+def test_documents(model: XMCModel | WholeMethod, dataset: Dataset, registry: Registry) -> list[str] | sp.csr_matrix:
     """What a saved model reads of a dataset's test split: its texts, or its sparse features for a whole method
     that reads them (the choice its run made, whole_methods.reads_features)."""
     features = isinstance(model, WholeMethod) and whole_methods.reads_features(type(model), dataset)
     if not features and not dataset.test_texts:
-        whole_methods.check_inputs("this model", None, dataset, build_registry())
+        whole_methods.check_inputs("this model", None, dataset, registry)
     return whole_methods.documents_of(dataset, "test", None, features)
 
 

@@ -282,8 +282,12 @@ def write_plugin(name: str, parent: Path) -> Path:
         f"{module}/components.py": COMPONENTS,
         f"tests/test_{module}.py": TESTS.substitute(values),
     }
-    for relative, text in files.items():
-        path = folder / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+    try:
+        for relative, text in files.items():
+            path = folder / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise XmcError(f"cannot write the plugin package into {folder}: {error.strerror or error}; choose another "
+                       "--output") from None
     return folder
