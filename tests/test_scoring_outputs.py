@@ -14,7 +14,7 @@ from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
 from tests.test_whole_methods import votes_plugin
-from xmcbench import compare, ensemble, report, runner
+from xmcbench import api, compare, ensemble, report, runner
 from xmcbench.cli import app
 from xmcbench.config import MethodSpec, TrainConfig, parse_ks, resolve_config
 from xmcbench.data import load_dataset_from_path
@@ -75,7 +75,7 @@ def test_result_keys_of_runs_saved_before_the_scoring_settings_stay_the_same(reg
 
     plan = runner.plan_run(registry, "votes", str(dataset_dir), set_options=["validation_size=12"])
     before = {key: value for key, value in plan.config.to_dict().items()
-              if key not in ("eval_ks", "propensity_a", "propensity_b")}   # TrainConfig as it was
+              if key not in ("eval_ks", "propensity_a", "propensity_b", "loggers")}   # TrainConfig as it was
     assert compare.result_key(registry, plan, "v1") == fingerprint("votes", before, [{
         "name": "joint", "trains": ("encoder", "ranker_encoder", "recaller", "ranker"), "losses": ("recall", "rank"),
         "epochs_key": "epochs", "start": None}], "v1")
@@ -219,7 +219,7 @@ def test_evaluate_command_puts_an_external_system_in_the_report(run_dirs, datase
 
 
 def test_predict_passes_ids_through_and_drops_labels_below_a_threshold(run_dirs, registry, tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "build_registry", lambda: registry)
+    monkeypatch.setattr(api, "build_registry", lambda: registry)   # what `predict` loads the model with
     texts = tmp_path / "texts.txt"
     texts.write_text("python interpreter module\nsql query\n")
     ids = tmp_path / "ids.txt"

@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 # The Python API (docs/api.md), imported on first use so that `import xmcbench` stays light.
-_API = ("train", "load", "evaluate", "Run", "Predictor")
+_API = ("train", "load", "evaluate", "evaluate_predictions", "resolved_config", "Run", "Predictor")
 __all__ = ["__version__", *_API]
 
 

@@ -30,6 +30,7 @@ from xmcbench import ensemble as ensembles
 from xmcbench import runner
 from xmcbench.config import check_top_k
 from xmcbench.data import Dataset
+from xmcbench.distributed import is_main_process
 from xmcbench.errors import XmcError
 from xmcbench.formats import FormatOptions, dataset_from_rows
 from xmcbench.registry import Registry, build_registry
@@ -37,7 +38,7 @@ from xmcbench.storage import fingerprint, read_json
 
 IN_MEMORY_KEYS = ("train_texts", "train_labels", "test_texts", "test_labels")
 
-__all__ = ["Predictor", "Run", "evaluate", "load", "train"]
+__all__ = ["Predictor", "Run", "evaluate", "evaluate_predictions", "load", "resolved_config", "train"]
 
 
 # -- data -------------------------------------------------------------------------------------------
@@ -112,14 +113,20 @@ def _name(data: Any) -> str:
                    f"got {type(data).__name__}")
 
 
-def open_data(data: Any, registry: Registry, reading: FormatOptions | dict | None = None) -> Dataset:
-    """`data` (a name, a path, data held in memory, or a Dataset) read into a Dataset."""
+def open_data(data: Any, registry: Registry, reading: FormatOptions | dict | None = None,
+              data_dir: str | os.PathLike | None = None) -> Dataset:
+    """`data` (a name, a path, data held in memory, or a Dataset) read into a Dataset; data_dir: the folder of
+    user-provided registered datasets (default: $XMCBENCH_DATA_DIR)."""
     if isinstance(data, Dataset):
         return data
     memory = in_memory_dataset(data)
     if memory is not None:
         return memory
-    return runner.open_dataset(registry, _name(data), None, _reading(reading))
+    return runner.open_dataset(registry, _name(data), _path(data_dir), _reading(reading))
+
+
+def _path(value: str | os.PathLike | None) -> Path | None:
+    return Path(value) if value is not None else None
 
 
 def _set_options(settings: dict[str, Any]) -> list[str]:
@@ -132,7 +139,7 @@ def _set_options(settings: dict[str, Any]) -> list[str]:
             return ",".join(str(v) for v in value)
         return str(os.fspath(value) if isinstance(value, os.PathLike) else value)
 
-    pairs = []
+    pairs: list[str] = []
     for key, value in settings.items():
         if key == "options":
             if not isinstance(value, dict):
@@ -166,11 +173,15 @@ class Predictor:
              description: str) -> tuple[np.ndarray, np.ndarray]:
         """(N, width) label ids and scores: the model's, or the members' fused (ensemble.fuse)."""
         found = []
-        for model, config in self._models:
+        for index, (model, config) in enumerate(self._models):
             config = copy.copy(config)
             config.top_k = width
+            names = (description, "tokenizing")
+            if self._ensemble is not None:   # the progress lines name the member they are about
+                member = self._ensemble.members[index].path.name
+                names = (f"{description} ({member})", f"tokenizing ({member})")
             found.append(runner.predict_saved_model(model, documents(model), texts_key, config,
-                                                    description=description))
+                                                    description=names[0], tokenizing=names[1]))
         if self._ensemble is None:
             return found[0].labels, found[0].scores
         return ensembles.fuse([p.labels for p in found], [p.scores for p in found], width, self._ensemble.fusion)
@@ -190,42 +201,58 @@ class Predictor:
 
     def recorded_data(self) -> tuple[str, FormatOptions]:
         """The dataset the run (or the ensemble's members) was trained on, and how it was read."""
+        recorded = self.path / "config.json"
         if self._ensemble is not None:
             first = self._ensemble.members[0].config
-            recorded = self.path / "config.json"
-            name = read_json(recorded).get("dataset") if recorded.is_file() else None
-            return (name if isinstance(name, str) else first.get("dataset")), runner.reading_of(first)
-        recorded = self.path / "config.json"
+            saved = read_json(recorded, "the ensemble's configuration") if recorded.is_file() else None
+            name = saved.get("dataset") if isinstance(saved, dict) else None
+            name = name if isinstance(name, str) else first.get("dataset")
+            if not isinstance(name, str):
+                raise XmcError(f"{self.path} does not say which dataset it was built on; pass the dataset to score "
+                               "on (data=, or --dataset)")
+            return name, runner.reading_of(first)
         if not recorded.is_file():
-            raise XmcError(f"{self.path} does not say which dataset it was trained on; pass data")
+            raise XmcError(f"{self.path} does not say which dataset it was trained on; pass the dataset to score on "
+                           "(data=, or --dataset)")
         saved = read_json(recorded)
         return saved["dataset"], runner.reading_of(saved)
 
-    def evaluate(self, data: Any = None, reading: FormatOptions | dict | None = None) -> dict:
+    def evaluate(self, data: Any = None, reading: FormatOptions | dict | None = None, *,
+                 data_dir: str | os.PathLike | None = None, set_options: Sequence[str] = (),
+                 **settings: Any) -> dict:
         """Metrics (P@k, nDCG@k, PSP@k, ... at the run's eval_ks, as in metrics.json) of the model on the test
-        split of `data` (see the module docstring); None: the dataset it was trained on."""
+        split of `data` (see the module docstring); None: the dataset it was trained on, read as it was read
+        (or with `reading`, when given). settings, set_options: scoring settings over the run's (eval_ks,
+        propensity_a, propensity_b), as keywords or as `--set` strings "key=value"."""
+        scoring = list(set_options) + _set_options(settings)
+        reading = _reading(reading)
+        if self._ensemble is None:
+            # the settings are checked before any data is read
+            config = runner.evaluation_config(copy.copy(self._models[0][1]), scoring)
+        else:
+            config = ensembles.scoring_config(self._ensemble.members, scoring)
+            if max(config.eval_ks) > self._ensemble.top_k:
+                raise XmcError(f"the ensemble keeps its top {self._ensemble.top_k} labels, fewer than eval_ks asks "
+                               f"for (@{max(config.eval_ks)}); build it again with a larger top_k (`xmcbench "
+                               f"ensemble ... --top-k {max(config.eval_ks)}`)")
         if data is None:
             name, recorded_reading = self.recorded_data()
-            dataset = runner.open_dataset(self._registry, name, None, recorded_reading)
+            dataset = runner.open_dataset(self._registry, name, _path(data_dir),
+                                          reading if reading != FormatOptions() else recorded_reading)
         else:
-            dataset = open_data(data, self._registry, reading)
+            dataset = open_data(data, self._registry, reading, data_dir)
         key = f"{dataset.version}/test"
         if self._ensemble is None:
-            model, config = self._models[0]
-            config = runner.evaluation_config(config)
+            model = self._models[0][0]
             truth = runner.remap_labels(dataset.test_labels, dataset.label_names, self.label_names)
             documents = runner.test_documents(model, dataset, self._registry)
             found = runner.predict_saved_model(model, documents, key, config,
                                                description="predicting test", tokenizing="tokenizing test")
             return runner.score(found, truth, model, runner.propensities(dataset, config, self.label_names),
                                 config.eval_ks)
-        deepest = max(ensembles.scoring_config(self._ensemble.members).eval_ks)
-        if deepest > self._ensemble.top_k:
-            raise XmcError(f"the ensemble keeps its top {self._ensemble.top_k} labels, fewer than eval_ks asks for "
-                           f"(@{deepest}); build it again with a larger top_k")
         labels, _ = self._top(lambda model: runner.test_documents(model, dataset, self._registry),
                               self._ensemble.top_k, key, "predicting test")
-        return ensembles._score(labels, dataset, self._ensemble.members)
+        return ensembles._score(labels, dataset, self._ensemble.members, scoring)
 
 
 def load(path: str | os.PathLike, registry: Registry | None = None) -> Predictor:
@@ -240,7 +267,7 @@ def load(path: str | os.PathLike, registry: Registry | None = None) -> Predictor
             model, config, names = runner.load_saved_model(member.path, registry)
             if ensembles.labels_digest(names) != found.label_names_sha256:
                 raise XmcError(f"ensemble member {member.path} has another label vocabulary than the ensemble; "
-                               "rebuild the ensemble")
+                               "rebuild the ensemble with `xmcbench ensemble`")
             models.append((model, config))
         return Predictor(path, models, found.members[0].label_names, found, registry)
     if not path.exists():
@@ -275,50 +302,144 @@ class Run:
             self._predictor = load(self.path, self._registry)
         return self._predictor
 
-    def evaluate(self, data: Any = None, reading: FormatOptions | dict | None = None) -> dict:
+    def evaluate(self, data: Any = None, reading: FormatOptions | dict | None = None, **scoring: Any) -> dict:
         """Metrics on the test split of `data`; None: the data the run was trained on (kept in memory when it
-        was given as lists)."""
-        return self.predictor().evaluate(data if data is not None else self._data, reading)
+        was given as lists). scoring: Predictor.evaluate's keywords (data_dir, set_options, eval_ks=...)."""
+        return self.predictor().evaluate(data if data is not None else self._data, reading, **scoring)
 
 
-def train(method: str, data: Any, *, output: str | os.PathLike | None = None, seed: int = 0,
-          registry: Registry | None = None, log: Callable[[str], Any] | None = print,
-          reading: FormatOptions | dict | None = None, overwrite: bool = False, **settings: Any) -> Run:
-    """Train `method` on `data` (see the module docstring) like `xmcbench run`; return the finished Run.
-
-    settings: TrainConfig settings, as `--set` gives them (epochs=1, lr=1e-4, options={"name": value}).
-    output: the run directory; default runs/METHOD-DATASET-TIMESTAMP under the current folder, as the CLI
-    (runs/METHOD-in-memory-HASH-TIMESTAMP for data held in memory). log: where progress lines go (None: nowhere).
-    """
-    registry = registry or build_registry()
-    log = log or (lambda line: None)
+def _plan(registry: Registry, method: str | None, data: Any, seed: int | None,
+          config_file: str | os.PathLike | None, data_dir: str | os.PathLike | None,
+          reading: FormatOptions | dict | None, set_options: Sequence[str],
+          settings: dict[str, Any]) -> tuple[runner.Plan, Dataset | None]:
+    """The resolved plan of a new run (runner.plan_run), and the dataset when `data` is held in memory."""
+    if method is None:
+        raise XmcError("name a method (e.g. \"lightxml\"), or pass resume=RUN_DIR to continue a run")
     reading = _reading(reading)
+    options = list(set_options) + _set_options(settings)
     memory = in_memory_dataset(data)
     if memory is not None:
         if reading != FormatOptions():
             raise XmcError("reading options read a file or folder; data given in memory takes none")
         name, loaded = memory.name, memory
-        if output is None:
+    else:
+        name = _name(data) if data is not None else None   # None: the default dataset (runner.plan_run)
+        registry.method(method)   # an unknown method fails before any data is read
+        loaded = None
+        if reading != FormatOptions():   # read with those options; their values are part of the dataset's version
+            loaded = runner.open_dataset(registry, name or runner.default_dataset(registry), _path(data_dir),
+                                         reading)
+    plan = runner.plan_run(registry, method, name, _path(config_file), options, seed, _path(data_dir), loaded=loaded)
+    plan.loaded = plan.loaded or loaded
+    plan.reading = reading   # config.json records it, so resume, evaluate and rescore read the path alike
+    return plan, memory
+
+
+def _resumed_plan(resume: str | os.PathLike, given: dict[str, bool]) -> runner.Plan:
+    """The plan recorded in the unfinished run directory `resume`; given: which arguments that would change the
+    run were passed (a resumed run takes none)."""
+    passed = [name for name, was_given in given.items() if was_given]
+    if passed:
+        raise XmcError(f"resume takes only the run directory, not {passed[0]}: the run's settings are in its "
+                       "config.json")
+    return runner.plan_resume(Path(resume))
+
+
+def _given(method: str | None, data: Any, seed: int | None, reading: FormatOptions | dict | None,
+           config_file: Any, set_options: Sequence[str], settings: dict[str, Any]) -> dict[str, bool]:
+    return {"method": method is not None, "data": data is not None, "seed": seed is not None,
+            "reading": _reading(reading) != FormatOptions(), "config_file": config_file is not None,
+            "set_options": bool(set_options), "settings": bool(settings)}
+
+
+def describe_plan(plan: runner.Plan) -> dict:
+    """What `xmcbench config` and `run --print-config` print of a plan."""
+    return {"method": plan.method, "dataset": plan.dataset, **plan.config.to_dict(), **plan.describe()}
+
+
+def resolved_config(method: str | None = None, data: Any = None, *, seed: int | None = None,
+                    registry: Registry | None = None, reading: FormatOptions | dict | None = None,
+                    config_file: str | os.PathLike | None = None, data_dir: str | os.PathLike | None = None,
+                    set_options: Sequence[str] = (), resume: str | os.PathLike | None = None,
+                    **settings: Any) -> dict:
+    """The configuration `train` with the same arguments would run with, without running it: the method, the
+    dataset, every setting, and for a dataset without a preset, the settings derived from its statistics with
+    what each follows from (what `xmcbench config` and `xmcbench run --print-config` print)."""
+    registry = registry or build_registry()
+    if resume is not None:
+        plan = _resumed_plan(resume, _given(method, data, seed, reading, config_file, set_options, settings))
+    else:
+        plan, _ = _plan(registry, method, data, seed, config_file, data_dir, reading, set_options, settings)
+    return describe_plan(plan)
+
+
+def train(method: str | None = None, data: Any = None, *, output: str | os.PathLike | None = None,
+          seed: int | None = None, registry: Registry | None = None, log: Callable[[str], Any] | None = print,
+          reading: FormatOptions | dict | None = None, overwrite: bool = False,
+          config_file: str | os.PathLike | None = None, data_dir: str | os.PathLike | None = None,
+          set_options: Sequence[str] = (), resume: str | os.PathLike | None = None, **settings: Any) -> Run:
+    """Train `method` on `data` (see the module docstring; None: the default dataset) like `xmcbench run`;
+    return the finished Run.
+
+    settings: TrainConfig settings (epochs=1, lr=1e-4, options={"name": value}); set_options: the same as
+    `--set` strings ("epochs=1"), applied before `settings`; config_file: a TOML or JSON file of settings.
+    seed: None: the config file's, else the method's default (0).
+    output: the run directory; default runs/METHOD-DATASET-TIMESTAMP under the current folder, as the CLI
+    (runs/METHOD-in-memory-HASH-TIMESTAMP for data held in memory). overwrite: replace a finished run there.
+    data_dir: the folder of user-provided registered datasets (default: $XMCBENCH_DATA_DIR).
+    resume: an interrupted run directory to continue from its last checkpoint; it takes no method, data or
+    settings (they are in its config.json). log: where progress lines go (None: nowhere).
+    In the other processes of a torchrun run the Run has only its path: process 0 writes the run's files.
+    """
+    registry = registry or build_registry()
+    log = log or (lambda line: None)
+    memory = None
+    if resume is not None:
+        given = _given(method, data, seed, reading, config_file, set_options, settings)
+        plan = _resumed_plan(resume, {**given, "output": output is not None})
+        output = resume
+    else:
+        plan, memory = _plan(registry, method, data, seed, config_file, data_dir, reading, set_options, settings)
+        if memory is not None and output is None:
             stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
             output = Path("runs") / f"{method}-in-memory-{memory.version[:8]}-{stamp}"
-    else:
-        name = _name(data)
-        registry.method(method)   # an unknown method fails before any data is read
-        loaded = runner.open_dataset(registry, name, None, reading) if reading != FormatOptions() else None
-    plan = runner.plan_run(registry, method, name, None, _set_options(settings), seed, loaded=loaded)
-    plan.loaded = plan.loaded or loaded
-    plan.reading = reading   # config.json records it, so evaluate reads the path alike
-    path = runner.run(plan, Path(output) if output is not None else None, overwrite=overwrite, registry=registry,
-                      log=log)
+    path = runner.run(plan, _path(output), _path(data_dir), overwrite, registry, log=log, resume=resume is not None)
+    if not is_main_process():
+        return Run(path, {}, {})
     finished = Run.open(path)
     finished._data, finished._registry = memory, registry
     return finished
 
 
 def evaluate(path_or_predictor: str | os.PathLike | Predictor | Run, data: Any = None,
-             reading: FormatOptions | dict | None = None, registry: Registry | None = None) -> dict:
+             reading: FormatOptions | dict | None = None, registry: Registry | None = None, *,
+             data_dir: str | os.PathLike | None = None, set_options: Sequence[str] = (), **settings: Any) -> dict:
     """Metrics of a run directory, ensemble directory, Run or Predictor on the test split of `data` (None: the
-    dataset it was trained on)."""
+    dataset it was trained on); data_dir, set_options, settings: see Predictor.evaluate."""
     if isinstance(path_or_predictor, (Predictor, Run)):
-        return path_or_predictor.evaluate(data, reading)
-    return load(path_or_predictor, registry).evaluate(data, reading)
+        return path_or_predictor.evaluate(data, reading, data_dir=data_dir, set_options=set_options, **settings)
+    return load(path_or_predictor, registry).evaluate(data, reading, data_dir=data_dir, set_options=set_options,
+                                                      **settings)
+
+
+def evaluate_predictions(predictions: str | os.PathLike, data: str | os.PathLike, *,
+                         labels_file: str | os.PathLike | None = None, reading: FormatOptions | dict | None = None,
+                         data_dir: str | os.PathLike | None = None, output: str | os.PathLike | None = None,
+                         name: str | None = None, registry: Registry | None = None, set_options: Sequence[str] = (),
+                         **settings: Any) -> dict:
+    """Metrics of a score matrix that any system wrote, scored on the test split of `data` (a dataset name or
+    path) exactly as xmcbench scores its runs (runner.evaluate_predictions).
+
+    predictions: a scipy CSR (test documents x labels) saved with scipy.sparse.save_npz; labels_file: the name
+    of each column (JSON list or one per line; default: NAME_labels.json beside it, else the dataset's label
+    ids). settings, set_options: scoring settings (eval_ks, propensity_a, propensity_b). output: also write a
+    run-like folder there that `xmcbench report` reads beside runs, the system named `name` (default: the
+    file's name)."""
+    predictions = Path(predictions)
+    metrics, dataset, config = runner.evaluate_predictions(
+        predictions, _name(data), _path(data_dir), registry, _reading(reading),
+        list(set_options) + _set_options(settings), _path(labels_file))
+    if output is not None:
+        runner.write_external_run(Path(output), name or predictions.stem, predictions, _name(data), dataset, config,
+                                  metrics)
+    return metrics

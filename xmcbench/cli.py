@@ -1,5 +1,7 @@
-"""`xmcbench` command line. Each command parses its options and calls a plain function in
-`xmcbench.runner`; user mistakes end in one line on stderr and exit status 2."""
+"""`xmcbench` command line. `run`, `predict` and `evaluate` parse their options and call the Python API
+(xmcbench.api: train, load(...).predict, evaluate), so a script can do all they do; the other commands call
+plain functions in `xmcbench.runner` and its neighbours. User mistakes end in one line on stderr and exit
+status 2."""
 
 from __future__ import annotations
 
@@ -11,12 +13,12 @@ from typing import List, Optional
 import typer
 from tabulate import tabulate
 
-from xmcbench import ensemble, runner
+from xmcbench import api, ensemble, runner
 from xmcbench.distributed import is_main_process
 from xmcbench.errors import XmcError
 from xmcbench.formats import FormatOptions
 from xmcbench.metrics import format_metrics
-from xmcbench.pipeline import TrainingInterrupted
+from xmcbench.training import TrainingInterrupted
 from xmcbench.registry import build_registry
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -25,7 +27,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 DatasetOption = typer.Option(None, "--dataset", "-d",
                              help=f"registered dataset name, or a folder or file in a data format "
                                   f"(`xmcbench formats`, docs/data-formats.md) "
-                                  f"[default: {runner.DEFAULT_DATASET}]")
+                                  f"[default: the one `xmcbench datasets` marks as default]")
 SetOption = typer.Option(None, "--set", "-s", help="override a setting, key=value (repeatable)")
 ConfigOption = typer.Option(None, "--config", help="TOML or JSON file of settings")
 DataDirOption = typer.Option(None, "--data-dir", help="folder holding user-provided datasets "
@@ -70,31 +72,27 @@ def run_command(method: Optional[str] = typer.Argument(None, help="method name, 
                 label_separator: Optional[str] = LabelSeparatorOption,
                 id_column: Optional[str] = IdColumnOption, test_size: Optional[float] = TestSizeOption):
     """Train METHOD on a dataset, predict its test set, score it and write a run directory."""
-    registry = build_registry()
     reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size)
     if resume is not None:
         if method or dataset or set_options or config_file or output or seed is not None or threads is not None \
                 or reading != FormatOptions():
             raise XmcError("--resume takes only the run directory: the run's settings are in its config.json")
-        plan = runner.plan_resume(resume)
-        output = resume
     elif method is None:
         raise XmcError("name a method (e.g. `xmcbench run lightxml`) or --resume RUN_DIR")
-    else:
-        options = list(set_options or []) + ([f"threads={threads}"] if threads is not None else [])
-        plan = plan_with_reading(registry, reading, method, dataset, config_file, options, seed, data_dir)
+    threads_setting = {"threads": threads} if threads is not None else {}   # the same as --set threads=N
+    arguments = dict(seed=seed, reading=reading, config_file=config_file, data_dir=data_dir,
+                     set_options=list(set_options or []), resume=resume, **threads_setting)
     if print_config:
-        typer.echo(json.dumps(describe_plan(plan), indent=2))
+        typer.echo(json.dumps(api.resolved_config(method, dataset, **arguments), indent=2))
         return
-    run_dir = runner.run(plan, output, data_dir, overwrite, registry, log=lambda line: typer.echo(line, err=True),
-                         resume=resume is not None)
-    if not is_main_process():
+    run = api.train(method, dataset, output=output, overwrite=overwrite,
+                    log=lambda line: typer.echo(line, err=True), **arguments)
+    if not is_main_process():   # the other processes of a torchrun run: process 0 reports
         return
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    timings = json.loads((run_dir / "timings.json").read_text())
-    typer.echo(format_metrics({k: v for k, v in metrics.items() if isinstance(v, float)}))
+    timings = json.loads((run.path / "timings.json").read_text())
+    typer.echo(format_metrics({k: v for k, v in run.metrics.items() if isinstance(v, float)}))
     typer.echo(f"train {timings['train_seconds']:.0f} s ({timings['train_ms_per_document']:.1f} ms/document/epoch), "
-               f"predict {timings['predict_ms_per_document']:.1f} ms/document; run directory: {run_dir}")
+               f"predict {timings['predict_ms_per_document']:.1f} ms/document; run directory: {run.path}")
 
 
 @app.command("config")
@@ -126,7 +124,7 @@ def plan_with_reading(registry, reading: FormatOptions, method: str, dataset: st
     run reads it with those options (their values are part of the dataset's version)."""
     loaded = None
     if reading != FormatOptions():
-        loaded = runner.open_dataset(registry, dataset or runner.DEFAULT_DATASET, data_dir, reading)
+        loaded = runner.open_dataset(registry, dataset or runner.default_dataset(registry), data_dir, reading)
     plan = runner.plan_run(registry, method, dataset, config_file, set_options, seed, data_dir, loaded=loaded)
     plan.loaded = plan.loaded or loaded
     plan.reading = reading   # config.json records it, so --resume, evaluate and rescore read the path alike
@@ -162,9 +160,7 @@ def predict_command(run_dir: Path = typer.Argument(..., help="a run directory (o
         if len(ids) != len(texts):
             raise XmcError(f"--ids {ids_file} has {len(ids)} lines but there are {len(texts)} texts; give one id per "
                            "text, line by line")
-    predict_texts = ensemble.predict_texts if ensemble.is_ensemble(run_dir) else runner.predict_texts
-    for index, result in enumerate(predict_texts(run_dir, texts, top_k)):
-        result = runner.keep_scores_at_least(result, threshold)
+    for index, result in enumerate(api.load(run_dir).predict(texts, top_k, threshold)):
         typer.echo(json.dumps({"id": ids[index], **result} if ids is not None else result, ensure_ascii=False))
 
 
@@ -206,21 +202,16 @@ def evaluate_command(run_dir: Optional[Path] = typer.Argument(None, help="a run 
     if predictions is not None:
         if dataset is None:
             raise XmcError("--predictions needs --dataset: the dataset whose test split the matrix scores")
-        metrics, loaded, config = runner.evaluate_predictions(predictions, dataset, data_dir, options=reading,
-                                                              set_options=set_options, labels_file=labels_file)
+        metrics = api.evaluate_predictions(predictions, dataset, labels_file=labels_file, reading=reading,
+                                           data_dir=data_dir, output=output, name=name, set_options=set_options)
         typer.echo(format_metrics(metrics))
         if output is not None:
-            folder = runner.write_external_run(output, name or predictions.stem, predictions, dataset, loaded, config,
-                                               metrics)
-            typer.echo(f"run-like directory for `xmcbench report`: {folder}")
+            typer.echo(f"run-like directory for `xmcbench report`: {output}")
         return
-    if ensemble.is_ensemble(run_dir):
-        if reading != FormatOptions():
-            raise XmcError("an ensemble is scored on the dataset its members trained on, read as they read it; drop "
-                           "the reading options (--format, --text-column, ...), or evaluate one member run")
-        metrics = ensemble.evaluate_ensemble(run_dir, dataset, data_dir, set_options=set_options)
-    else:
-        metrics = runner.evaluate_run(run_dir, dataset, data_dir, options=reading, set_options=set_options)
+    if ensemble.is_ensemble(run_dir) and reading != FormatOptions():
+        raise XmcError("an ensemble is scored on the dataset its members trained on, read as they read it; drop "
+                       "the reading options (--format, --text-column, ...), or evaluate one member run")
+    metrics = api.evaluate(run_dir, dataset, reading, data_dir=data_dir, set_options=set_options)
     typer.echo(format_metrics(metrics))
 
 
@@ -280,6 +271,10 @@ def plugins_command(options: bool = typer.Option(False, "--options", help="also 
         typer.echo(tabulate(rows, headers=["plugin", "package", "version", "hooks", "registers"], tablefmt="simple"))
     else:
         typer.echo("no plugin loaded")
+    loggers = [[name, entry.origin.split(" (")[0], f"xmcbench[{entry.value.extra}]" if entry.value.extra else "",
+                entry.value.description] for name, entry in registry.loggers.items()]
+    if loggers:   # what `--set loggers=NAME,...` may name
+        typer.echo("\n" + tabulate(loggers, headers=["logger", "plugin", "needs", "description"], tablefmt="simple"))
     for failure in registry.failed:
         what = "warning" if isinstance(failure, RejectedName) else "not loaded"   # the rest of that plugin loaded
         typer.echo(f"{what}: {failure.name} ({failure.package}): {failure.error}")
@@ -296,6 +291,10 @@ def datasets_command(data_dir: Optional[Path] = DataDirOption):
 
     registry = build_registry()
     where = data_dir_from_env(data_dir)
+    try:
+        default = runner.default_dataset(registry)
+    except XmcError:   # no plugin marks one: nothing to flag
+        default = None
     rows = []
     for name, entry in sorted(registry.datasets.items()):
         spec = entry.value
@@ -304,7 +303,8 @@ def datasets_command(data_dir: Optional[Path] = DataDirOption):
             present = "embedded" if spec.embedded is not None else "yes"
         except XmcError:
             present = "no"
-        rows.append([name, spec.num_train, spec.num_test, spec.num_labels, present, spec.description])
+        rows.append([name + (" (default)" if name == default else ""), spec.num_train, spec.num_test,
+                     spec.num_labels, present, spec.description])
     typer.echo(tabulate(rows, headers=["dataset", "train", "test", "labels", "files", "description"],
                         intfmt=",", tablefmt="simple"))
 
