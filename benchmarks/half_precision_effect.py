@@ -24,7 +24,8 @@ from tabulate import tabulate
 from xmcbench import runner
 from xmcbench.errors import XmcError
 from xmcbench.modelio import STORAGE_DTYPES, load_model_dir, model_size, save_model_dir
-from xmcbench.pipeline import pick_device, predict, set_threads
+from xmcbench.device import pick_device, set_threads
+from xmcbench.inference import predict
 from xmcbench.registry import build_registry
 from xmcbench.tokenization import tokenize
 

@@ -37,7 +37,8 @@ from xmcbench import clustering, synthetic
 from xmcbench.config import JOINT_TRAINING
 from xmcbench.interfaces import LabelClusters
 from xmcbench.modelio import build_model
-from xmcbench.pipeline import LOSS_READ_EVERY, Trainer, autocast, pick_device, set_threads
+from xmcbench.device import autocast, pick_device, set_threads
+from xmcbench.training import LOSS_READ_EVERY, Trainer
 from xmcbench.profiling import count_host_syncs
 from xmcbench.registry import build_registry
 from xmcbench.runner import plan_run

@@ -20,7 +20,9 @@ import numpy as np
 import torch
 
 from xmcbench import runner
-from xmcbench.pipeline import build_optimizers, epoch_batches, padded_positives, pick_device, set_threads
+from xmcbench.batching import epoch_batches, padded_positives
+from xmcbench.device import pick_device, set_threads
+from xmcbench.optim import build_optimizers
 from xmcbench.registry import build_registry
 from xmcbench.tokenization import tokenize
 

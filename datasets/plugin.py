@@ -21,10 +21,12 @@ def _embedded(name: str) -> Traversable | None:
         return None
 
 
-def _debian(name: str, description: str, num_train: int, num_test: int, num_labels: int) -> DatasetSpec:
+def _debian(name: str, description: str, num_train: int, num_test: int, num_labels: int,
+            is_default: bool = False) -> DatasetSpec:
     return DatasetSpec(name=name, description=description, dirname=name, embedded=_embedded(name),
                        num_train=num_train, num_test=num_test, num_labels=num_labels, propensity_a=0.55,
-                       propensity_b=1.5, source=SOURCE.format(name=name), card=f"datasets/{name}/README.md")
+                       propensity_b=1.5, source=SOURCE.format(name=name), card=f"datasets/{name}/README.md",
+                       is_default=is_default)
 
 
 def shipped_datasets() -> list[DatasetSpec]:
@@ -33,7 +35,7 @@ def shipped_datasets() -> list[DatasetSpec]:
     return [
         _debian("debian-debtags-mini",
                 "Debian package descriptions -> debtags (a sixth of debian-debtags); small default for tests and demos",
-                4_244, 1_206, 520),
+                4_244, 1_206, 520, is_default=True),
         _debian("debian-debtags",
                 "Debian package descriptions -> debtags facet::value tags; medium, Eurlex-4K-like label count",
                 24_218, 6_082, 598),

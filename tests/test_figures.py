@@ -133,7 +133,7 @@ def test_run_loss_shows_each_part_where_its_stage_trains_it(tmp_path):
 
 
 def test_a_run_writes_its_loss_plot_with_the_report_function(tmp_path):
-    from xmcbench.runner import write_training_log
+    from xmcbench.callbacks import write_training_log
 
     log = SimpleNamespace(steps=training_log(6, [("recall", 1), ("rank", 1)]), validation=[], selected_epoch=None,
                           stopped_early=None, swa_updates=0)

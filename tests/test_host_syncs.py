@@ -9,7 +9,7 @@ import torch
 
 from xmcbench import runner
 from xmcbench.modelio import build_model
-from xmcbench.pipeline import Trainer
+from xmcbench.training import Trainer
 from xmcbench.profiling import count_host_syncs
 from xmcbench.registry import build_registry
 from xmcbench.tokenization import tokenize
@@ -48,7 +48,7 @@ def test_a_training_step_waits_for_the_device_only_where_its_data_decides_a_size
 
 
 def test_losses_are_read_from_the_device_every_few_steps_and_before_checkpoints(tiny_model_dir, tiny_dataset):
-    from xmcbench.pipeline import LOSS_READ_EVERY
+    from xmcbench.training import LOSS_READ_EVERY
 
     trainer, _ = trainer_for(tiny_model_dir, tiny_dataset, 2)
     for step in range(LOSS_READ_EVERY - 1):

@@ -73,8 +73,9 @@ def test_gradients_of_both_losses_reach_the_encoder(registry, tiny_model_dir):
     from xmcbench.interfaces import LabelClusters
     from xmcbench.modelio import build_model
 
-    config = TrainConfig(model_name=str(tiny_model_dir), pretrained_weights=False, num_layers=2, hidden_size=8,
-                         top_clusters=1)
+    config = TrainConfig(encoder="transformer-cls", recaller="cluster-linear", ranker="bottleneck",
+                         sampler="dynamic", model_name=str(tiny_model_dir), pretrained_weights=False, num_layers=2,
+                         hidden_size=8, top_clusters=1)
     clusters = LabelClusters.from_assignment(torch.tensor([0, 0, 1, 1, 2, 2]), 3)
     model = build_model(registry, config, clusters)
     ids = torch.randint(1000, 2000, (2, 6))

@@ -481,7 +481,7 @@ def test_named_plugins_load_with_autoload_disabled(monkeypatch):
     assert [p.name for p in registry.plugins] == ["lightxml"] and "lightxml" in registry.methods
     assert registry.failed == []   # the broken plugin is not named, so it is not even imported
     assert "unimportable" in [name for name, _ in registry.skipped]
-    assert cli.invoke(app, ["config", "lightxml"]).exit_code == 0
+    assert cli.invoke(app, ["config", "lightxml", "--dataset", "wiki500k"]).exit_code == 0   # a preset: no data read
 
 
 def test_in_process_plugins_load_with_autoload_disabled(monkeypatch):

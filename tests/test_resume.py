@@ -21,10 +21,10 @@ SETTINGS = ["num_layers=2", "pretrained_weights=false", "epochs=3", "batch_size=
 
 DRIVER = textwrap.dedent("""
     import os, signal, sys
-    from xmcbench import checkpoint, pipeline
+    from xmcbench import checkpoint, training
     from xmcbench.cli import main
     action, at_step = sys.argv[1], int(sys.argv[2])
-    original_step, original_save = pipeline.Trainer.train_step, checkpoint.save_file
+    original_step, original_save = training.Trainer.train_step, checkpoint.save_file
 
     def train_step(self, rows, stage):
         if action == "nan" and self.step + 1 == at_step:
@@ -42,7 +42,7 @@ DRIVER = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGKILL)
         return original_save(tensors, path)
 
-    pipeline.Trainer.train_step, checkpoint.save_file = train_step, save_file
+    training.Trainer.train_step, checkpoint.save_file = train_step, save_file
     sys.argv = ["xmcbench"] + sys.argv[3:]
     main()
 """)

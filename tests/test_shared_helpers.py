@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from xmcbench import ensemble, modelio, pipeline, registry, testing, tokenization
+from xmcbench import device, ensemble, modelio, registry, testing, tokenization
 from xmcbench.errors import XmcError, error_line, first_line, joined_line
 from xmcbench.storage import read_json
 
@@ -62,10 +62,10 @@ def test_model_and_ensemble_files_are_read_by_the_one_reader(tmp_path):
 
 
 def test_the_conformance_checks_seed_as_the_pipeline_does():
-    assert testing.seed_everything is pipeline.seed_everything and not hasattr(testing, "_seed")
-    pipeline.seed_everything(3)
+    assert testing.seed_everything is device.seed_everything and not hasattr(testing, "_seed")
+    device.seed_everything(3)
     drawn = random.random(), np.random.rand(), torch.rand(1).item()
-    pipeline.seed_everything(3)
+    device.seed_everything(3)
     assert drawn == (random.random(), np.random.rand(), torch.rand(1).item())
 
 

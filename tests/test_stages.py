@@ -11,7 +11,7 @@ from xmcbench.config import Stage
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import LabelClusters
 from xmcbench.modelio import build_model
-from xmcbench.pipeline import Trainer
+from xmcbench.training import Trainer
 from xmcbench.registry import build_registry
 from xmcbench.tokenization import tokenize
 
@@ -196,11 +196,11 @@ def test_a_static_method_counts_the_documents_of_every_stage_for_its_timings(reg
 
 def test_frozen_encoders_run_once_per_stage_with_the_same_result(registry, tiny_model_dir, tiny_dataset,
                                                                 monkeypatch):
-    from xmcbench import pipeline
+    from xmcbench import training
 
     results = {}
-    for budget in (pipeline.FROZEN_REPRESENTATION_BYTES, 0):   # kept once, or run at every step
-        monkeypatch.setattr(pipeline, "FROZEN_REPRESENTATION_BYTES", budget)
+    for budget in (training.FROZEN_REPRESENTATION_BYTES, 0):   # kept once, or run at every step
+        monkeypatch.setattr(training, "FROZEN_REPRESENTATION_BYTES", budget)
         plan, dataset, model, tokens = tiny_setup(registry, tiny_model_dir, "lightxml-static", tiny_dataset,
                                                   refit_epochs=3)
         calls = []

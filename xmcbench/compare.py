@@ -21,6 +21,8 @@ from xmcbench.storage import fingerprint
 # Settings added after result keys existed: hashed only when set to something else than their default, so
 # the keys, and with them the runs saved before these settings existed, stay what they were.
 LATER_SETTINGS = ("eval_ks", "propensity_a", "propensity_b")
+# Settings that cannot change a result (what is logged where): never hashed, so adding a logger finds the run.
+RESULT_NEUTRAL_SETTINGS = ("loggers",)
 
 
 def result_key(registry: Registry, plan: runner.Plan, dataset_version: str) -> str:
@@ -29,6 +31,8 @@ def result_key(registry: Registry, plan: runner.Plan, dataset_version: str) -> s
     for key in LATER_SETTINGS:
         if settings[key] == defaults[key]:
             del settings[key]
+    for key in RESULT_NEUTRAL_SETTINGS:
+        del settings[key]
     return fingerprint(plan.method, settings, stages, dataset_version)
 
 
@@ -58,7 +62,7 @@ def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds
     a dataset path (runner.open_dataset); its values are part of the dataset's version, hence of the keys."""
     if not methods:
         raise XmcError("name at least one method to compare (e.g. xmcbench compare lightxml lightxml-static)")
-    loaded = runner.open_dataset(registry, dataset or runner.DEFAULT_DATASET, data_dir, reading)
+    loaded = runner.open_dataset(registry, dataset or runner.default_dataset(registry), data_dir, reading)
     plans = {(method, seed): runner.plan_run(registry, method, dataset, config_file, set_options, seed, data_dir,
                                              loaded=loaded)
              for method in methods for seed in seeds}   # every setting is checked before anything trains

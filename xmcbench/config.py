@@ -15,21 +15,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xmcbench.errors import XmcError
-from xmcbench.registry import closest_names_hint
+from xmcbench.errors import XmcError, closest_names_hint
 
 
 @dataclass
 class TrainConfig:
     """Every knob of a run. Component factories read the fields they need."""
 
-    # components (a method fills these)
-    encoder: str = "transformer-cls"
-    recaller: str = "cluster-linear"
-    ranker: str = "bottleneck"
-    sampler: str = "dynamic"
+    # components: a method names them (MethodSpec.defaults); the core names none
+    encoder: str = ""
+    recaller: str = ""
+    ranker: str = ""
+    sampler: str = ""
     # encoder
-    model_name: str = "sentence-transformers/all-MiniLM-L6-v2"
+    model_name: str = ""           # the pretrained model an encoder loads (a method's default, or --set)
     pretrained_weights: bool = True  # False: random weights from the model's config (tests, benchmarks)
     num_layers: int = 5            # [CLS] states of the last n layers, concatenated
     dropout: float = 0.5
@@ -72,6 +71,7 @@ class TrainConfig:
     propensity_a: float = 0.0      # A, B of the propensity model for PSP/PSnDCG/PSR (0: the dataset's own)
     propensity_b: float = 0.0
     storage_dtype: str = "float32"  # saved weights: float32 | float16 | bfloat16 (computing stays float32)
+    loggers: tuple[str, ...] = ()   # training loggers besides the JSON log, e.g. tensorboard,mlflow (`xmcbench plugins`)
     options: dict[str, Any] = field(default_factory=dict)  # free-form knobs for third-party components
 
     def to_dict(self) -> dict[str, Any]:
@@ -131,6 +131,15 @@ def parse_ks(value: Any, key: str, source: str) -> tuple[int, ...]:
     raise XmcError(f"{source}: {key} must be a list of positive integers, e.g. {key}=1,3,5,10,100; got {value!r}")
 
 
+def parse_names(value: Any, key: str, source: str) -> tuple[str, ...]:
+    """A list of names as written in a config file (["tensorboard", "mlflow"]) or given to --set
+    ("tensorboard,mlflow"; "" for none) -> ("tensorboard", "mlflow"), order kept, duplicates dropped."""
+    items = [item.strip() for item in value.split(",")] if isinstance(value, str) else value
+    if isinstance(items, (list, tuple)) and all(isinstance(item, str) for item in items):
+        return tuple(dict.fromkeys(item for item in items if item))
+    raise XmcError(f"{source}: {key} must be a list of names, e.g. {key}=tensorboard,mlflow; got {value!r}")
+
+
 def check_top_k(top_k: int) -> None:
     """The labels asked of `predict` per text: 1 to MAX_TOP_K."""
     if not 1 <= top_k <= MAX_TOP_K:
@@ -156,7 +165,18 @@ SETTING_RANGES: dict[str, tuple[float | None, float | None]] = {
 
 TRAINABLE_PARTS = ("encoder", "ranker_encoder", "recaller", "ranker")
 LOSS_PARTS = ("recall", "rank")
-STAGE_STARTS = (None, "copy-encoder-to-ranker-encoder")
+
+
+def copy_encoder_to_ranker_encoder(model, stage_name: str) -> None:
+    """The ranker's own encoder starts from the shared encoder's weights (the paper's BS ablation)."""
+    if model.ranker_encoder is None:
+        raise XmcError(f"stage {stage_name!r} copies the encoder into the ranker's own encoder, but the "
+                       "model has none: set separate_ranker_encoder=true")
+    model.ranker_encoder.load_state_dict(model.encoder.state_dict())
+
+
+# What a stage may do to the model when it begins, by the name a Stage gives as `start`.
+STAGE_STARTS = {"copy-encoder-to-ranker-encoder": copy_encoder_to_ranker_encoder}
 
 
 @dataclass(frozen=True)
@@ -165,9 +185,9 @@ class Stage:
 
     trains: parts whose parameters update (others are frozen; a frozen encoder also runs without
         dropout or gradients). losses: "recall" (cluster BCE) and/or "rank" (candidate BCE).
-    epochs_key: the TrainConfig field holding this stage's epochs.
-    start: what the pipeline does when the stage begins, besides calling the sampler's start_stage:
-        None, or "copy-encoder-to-ranker-encoder" (the ranker's own encoder starts from the shared one).
+    epochs_key: the integer TrainConfig setting holding this stage's epochs (read by `epochs`).
+    start: None, or the name of a STAGE_STARTS entry run on the model when the stage begins (`begin`),
+        before the sampler's start_stage.
     """
 
     name: str
@@ -179,9 +199,19 @@ class Stage:
     def __post_init__(self) -> None:
         unknown = [p for p in self.trains if p not in TRAINABLE_PARTS] + \
                   [l for l in self.losses if l not in LOSS_PARTS]
-        if unknown or self.start not in STAGE_STARTS or not self.losses:
+        epochs_setting = TrainConfig.__dataclass_fields__.get(self.epochs_key)
+        if unknown or not self.losses or (self.start is not None and self.start not in STAGE_STARTS) or \
+                epochs_setting is None or epochs_setting.type not in (int, "int"):
             raise XmcError(f"stage {self.name!r} is malformed: trains {self.trains}, losses {self.losses}, "
-                           f"start {self.start!r}; parts are {TRAINABLE_PARTS}, losses {LOSS_PARTS}")
+                           f"epochs_key {self.epochs_key!r}, start {self.start!r}; parts are {TRAINABLE_PARTS}, "
+                           f"losses {LOSS_PARTS}, starts {tuple(STAGE_STARTS)}, epochs_key an integer setting")
+
+    def epochs(self, config: TrainConfig) -> int:
+        return getattr(config, self.epochs_key)
+
+    def begin(self, model) -> None:
+        if self.start is not None:
+            STAGE_STARTS[self.start](model, self.name)
 
 
 JOINT_TRAINING = (Stage("joint"),)
@@ -261,8 +291,8 @@ def coerce_setting(key: str, value: Any, expected, source: str) -> Any:
     elif expected is str:
         if isinstance(value, str):
             return value
-    elif typing.get_origin(expected) is tuple:   # eval_ks, the one list-valued setting
-        return parse_ks(value, key, source)
+    elif typing.get_origin(expected) is tuple:   # eval_ks (integers) or loggers (names)
+        return parse_ks(value, key, source) if typing.get_args(expected)[0] is int else parse_names(value, key, source)
     else:
         return value
     raise XmcError(f"{source}: {key} must be {expected.__name__}, got {value!r}")

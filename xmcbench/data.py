@@ -76,6 +76,7 @@ class DatasetSpec:
     propensity_b: float = 1.5
     source: str = ""  # one line: where public copies are distributed (shown when files are missing)
     card: str = ""  # path/URL of the dataset card
+    is_default: bool = False  # the dataset a run uses when none is named (the first registered one marked wins)
 
 
 @dataclass

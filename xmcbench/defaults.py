@@ -78,18 +78,20 @@ class Derived:
 
 
 def dataset_statistics(train_texts: list[str] | None, train_labels, tokenizer, seed: int = 0) -> DatasetStatistics:
-    """train_labels: (N, L) 0/1 csr of the training documents; tokenizer: the encoder's (fast) tokenizer;
-    train_texts: None for a dataset of sparse features only (token lengths then count as 0)."""
+    """train_labels: (N, L) 0/1 csr of the training documents; tokenizer: the encoder's (fast) tokenizer, None
+    for a method that reads no tokens (token lengths and model_max_length then count as 0); train_texts: None
+    for a dataset of sparse features only (token lengths then count as 0)."""
     documents, labels = train_labels.shape
     counts = np.bincount(train_labels.indices, minlength=labels)
     seen = counts[counts > 0]
-    sample = np.random.default_rng(seed).permutation(documents)[:LENGTH_SAMPLE] if train_texts else []
+    sample = np.random.default_rng(seed).permutation(documents)[:LENGTH_SAMPLE] \
+        if train_texts and tokenizer is not None else []
     lengths = np.array([len(ids) for ids in tokenizer([train_texts[i] for i in sample], add_special_tokens=True,
                                                       truncation=False, verbose=False)["input_ids"]]) if len(sample) \
         else np.zeros(0)
     if not len(lengths):
         lengths = np.zeros(1)
-    limit = getattr(tokenizer, "model_max_length", GPU_MAX_LENGTH)
+    limit = getattr(tokenizer, "model_max_length", GPU_MAX_LENGTH) if tokenizer is not None else 0
     return DatasetStatistics(
         documents=int(documents),
         labels=int(labels),
@@ -100,7 +102,7 @@ def dataset_statistics(train_texts: list[str] | None, train_labels, tokenizer, s
         token_length_p50=int(np.percentile(lengths, 50)),
         token_length_p90=int(np.percentile(lengths, 90)),
         token_length_p95=int(np.percentile(lengths, 95)),
-        model_max_length=int(limit) if limit and limit < 1_000_000 else GPU_MAX_LENGTH,
+        model_max_length=(int(limit) if limit < 1_000_000 else GPU_MAX_LENGTH) if tokenizer is not None else 0,
     )
 
 
@@ -119,13 +121,14 @@ def derive_settings(stats: DatasetStatistics, device: DeviceFacts) -> dict[str, 
         f"below {MIN_VALIDATION_DOCUMENTS} training documents every one is needed for training")
     train_documents = n - validation
 
-    cap = min(GPU_MAX_LENGTH if device.kind == "cuda" else CPU_MAX_LENGTH, stats.model_max_length)
-    covering = int(math.ceil(stats.token_length_p90 / LENGTH_STEP) * LENGTH_STEP)
-    derived["max_length"] = Derived(
-        max(LENGTH_STEP, min(covering, cap)),
-        f"token length p90 = {stats.token_length_p90} (p50 {stats.token_length_p50}); device {device.kind}",
-        f"covers {LENGTH_QUANTILE:.0%} of texts whole, rounded up to a multiple of {LENGTH_STEP}, at most {cap} "
-        f"on {device.kind} (the encoder's cost grows with length; short texts should not pay for 512)")
+    if stats.model_max_length:   # 0: the method reads no tokens (no model_name), so no length to choose
+        cap = min(GPU_MAX_LENGTH if device.kind == "cuda" else CPU_MAX_LENGTH, stats.model_max_length)
+        covering = int(math.ceil(stats.token_length_p90 / LENGTH_STEP) * LENGTH_STEP)
+        derived["max_length"] = Derived(
+            max(LENGTH_STEP, min(covering, cap)),
+            f"token length p90 = {stats.token_length_p90} (p50 {stats.token_length_p50}); device {device.kind}",
+            f"covers {LENGTH_QUANTILE:.0%} of texts whole, rounded up to a multiple of {LENGTH_STEP}, at most {cap} "
+            f"on {device.kind} (the encoder's cost grows with length; short texts should not pay for 512)")
 
     batch_size = 32 if device.kind == "cuda" and train_documents >= 20000 else 16
     derived["batch_size"] = Derived(

@@ -73,7 +73,7 @@ import numpy as np
 from xmcbench.config import check_top_k
 from xmcbench.errors import XmcError, joined_line
 from xmcbench.metrics import evaluate
-from xmcbench.pipeline import Predictions
+from xmcbench.inference import Predictions
 from xmcbench.registry import Registry, build_registry
 from xmcbench.storage import read_json, write_json
 

@@ -4,6 +4,8 @@ The CLI prints its message as a single line and exits with status 2; anything el
 its traceback.
 """
 
+import difflib
+
 
 class XmcError(Exception):
     """A user-facing error: the message says what is wrong and how to fix it, in one line."""
@@ -24,3 +26,13 @@ def error_line(error: BaseException) -> str:
 def joined_line(text: object) -> str:
     """str(text) on one line: every run of whitespace, line breaks included, becomes one space."""
     return " ".join(str(text).split())
+
+
+def closest_names_hint(name: str, choices) -> str:
+    """The end of an "unknown NAME" line: the closest of `choices`, or all of them."""
+    if not choices:
+        return "none is registered"
+    matches = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.4)
+    if matches:
+        return "did you mean " + ", ".join(repr(m) for m in matches) + "?"
+    return "valid names: " + ", ".join(sorted(choices))

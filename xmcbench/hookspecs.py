@@ -62,3 +62,18 @@ def xmcbench_register_formats(registry):
     `detect(path)` that recognises the layout, `read(path, options)` returning an `xmcbench.data.Dataset`,
     an optional `write(dataset, folder, options)`) and `xmcbench.formats.FormatOptions` for the options.
     """
+
+
+@hookspec
+def xmcbench_register_loggers(registry):
+    """Register training loggers: callbacks a user enables with `--set loggers=NAME,...` (TensorBoard, MLflow).
+
+    Call `registry.add_logger(name, factory, description, extra=None)`. `factory(run_dir, config)` receives
+    the run directory (it exists; write under it) and the run's `xmcbench.config.TrainConfig`, and returns an
+    `xmcbench.callbacks.TrainingCallback` whose events (on_train_begin, on_log(records), on_evaluate(record),
+    ..., on_train_end) the trainer calls; see xmcbench/callbacks.py for the events, their order and what a
+    logger may read. A logger only reads: it must not change the model, the data order or any random state.
+    Import the logger's library inside the factory and raise `xmcbench.errors.XmcError` in one line naming
+    `pip install 'xmcbench[EXTRA]'` when it is missing; `extra` names that pip extra for `xmcbench plugins`
+    (None: no extra needed). `xmcbench.testing.check_logger` checks a factory against this contract.
+    """

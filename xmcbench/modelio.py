@@ -33,7 +33,7 @@ import xmcbench
 from xmcbench.config import TrainConfig
 from xmcbench.errors import XmcError, joined_line
 from xmcbench.interfaces import LabelClusters
-from xmcbench.pipeline import XMCModel
+from xmcbench.model import XMCModel
 from xmcbench.registry import Registry
 from xmcbench.storage import atomic_write, read_json, write_json
 

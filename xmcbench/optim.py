@@ -1,4 +1,5 @@
-"""RowAdam: Adam over the rows a sparse gradient touches (torch's SparseAdam semantics), made fast.
+"""The optimizers of a training stage (`build_optimizers`), and RowAdam: Adam over the rows a sparse
+gradient touches (torch's SparseAdam semantics), made fast.
 
 A LightXML step touches the label-embedding rows of its candidates (~70K of Amazon-670K's 670,091 rows).
 torch.optim.SparseAdam updates them through `sparse_mask` on the dense moment tables, which on the CPU
@@ -14,7 +15,10 @@ correction by the optimizer's global step count.
 from __future__ import annotations
 
 import torch
+from torch import nn
 from torch.optim.adam import adam
+
+from xmcbench.config import TrainConfig
 
 
 class RowAdam(torch.optim.Optimizer):
@@ -68,3 +72,40 @@ class RowAdam(torch.optim.Optimizer):
                 state["exp_avg"].index_copy_(0, rows, exp_avg)
                 state["exp_avg_sq"].index_copy_(0, rows, exp_avg_sq)
         return loss
+
+
+def build_optimizers(model: nn.Module, config: TrainConfig) -> list[torch.optim.Optimizer]:
+    """AdamW with weight decay except on biases and LayerNorm; encoders at config.lr, the rest at
+    config.head_lr (when set). Sparse embeddings get RowAdam (SparseAdam's semantics, much faster), which
+    updates only the rows a step touched (and so carries no weight decay)."""
+    head_lr = config.head_lr or config.lr
+    sparse_ids = {id(parameter) for parameter in sparse_parameters(model).values()}
+    groups: dict[tuple[float, float], list] = {}
+    sparse = []
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        if id(parameter) in sparse_ids:
+            sparse.append(parameter)
+            continue
+        no_decay = parameter.ndim < 2 or "LayerNorm" in name or "layer_norm" in name or name.endswith(".bias")
+        lr = config.lr if name.split(".")[0] in ("encoder", "ranker_encoder") else head_lr
+        groups.setdefault((lr, 0.0 if no_decay else config.weight_decay), []).append(parameter)
+    optimizers: list[torch.optim.Optimizer] = []
+    if groups:
+        param_groups = [{"params": params, "lr": lr, "weight_decay": decay} for (lr, decay), params in groups.items()]
+        try:
+            # The fused kernel updates all parameters in one pass; on a 2-core CPU it made the AdamW step
+            # over MiniLM + BERT-sized tensors about 4x faster than the default loop (benchmarks/).
+            optimizers.append(torch.optim.AdamW(param_groups, lr=config.lr, fused=True))
+        except (RuntimeError, TypeError, ValueError):   # a torch or device without the fused kernel
+            optimizers.append(torch.optim.AdamW(param_groups, lr=config.lr))
+    if sparse:
+        optimizers.append(RowAdam(sparse, lr=head_lr))
+    return optimizers
+
+
+def sparse_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Parameters whose gradient is sparse (embeddings built with sparse=True), by qualified name."""
+    sparse_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and m.sparse}
+    return {name: parameter for name, parameter in model.named_parameters() if id(parameter) in sparse_ids}

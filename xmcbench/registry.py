@@ -18,8 +18,8 @@ registered through a stand-in that marks its plain callables.
 
 Environment:
     XMCBENCH_DISABLE_PLUGIN_AUTOLOAD=1   load no entry point except those named in XMCBENCH_PLUGINS (the
-                                         built-in `lightxml`, `xmcbench-datasets` and `xmcbench-formats`
-                                         plugins are entry points too).
+                                         built-in `lightxml`, `xmcbench-datasets`, `xmcbench-formats` and
+                                         `xmcbench-loggers` plugins are entry points too).
     XMCBENCH_PLUGINS=name1,name2         entry-point names to load explicitly; a name no installed package
                                          provides is reported as a failed plugin.
 """
@@ -27,7 +27,6 @@ Environment:
 from __future__ import annotations
 
 import contextlib
-import difflib
 import importlib.metadata
 import inspect
 import os
@@ -39,7 +38,8 @@ from typing import Any, Callable, NamedTuple
 import pluggy
 
 from xmcbench import hookspecs
-from xmcbench.errors import XmcError, error_line, joined_line
+from xmcbench.config import MethodSpec, Option
+from xmcbench.errors import XmcError, closest_names_hint, error_line, joined_line
 
 COMPONENT_KINDS = ("encoder", "recaller", "ranker", "sampler")
 # Characters a registered name must not contain: they break its use on the command line (a path, `--set
@@ -86,21 +86,24 @@ class Entry:
     origin: str  # "plugin-name (package version)" for error messages
 
 
+@dataclass(frozen=True)
+class LoggerSpec:
+    """A training logger a plugin registered (`Registry.add_logger`): `factory(run_dir, config)` returns an
+    `xmcbench.callbacks.TrainingCallback`; `extra` is the pip extra that installs its library
+    (`pip install 'xmcbench[EXTRA]'`), None when it needs none."""
+
+    name: str
+    factory: Callable[..., Any]
+    description: str
+    extra: str | None = None
+
+
 class RegistrationError(XmcError):
     """A plugin registered something the registry rejects (wrong type, unknown kind, duplicate name)."""
 
 
 class PluginLoadError(XmcError):
     """A plugin could not be loaded; the message is one line naming what is wrong."""
-
-
-def closest_names_hint(name: str, choices) -> str:
-    if not choices:
-        return "none is registered"
-    matches = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.4)
-    if matches:
-        return "did you mean " + ", ".join(repr(m) for m in matches) + "?"
-    return "valid names: " + ", ".join(sorted(choices))
 
 
 def _short_repr(value: Any, limit: int = 60) -> str:
@@ -120,7 +123,8 @@ def requested_plugins() -> list[str]:
 
 
 class Registry:
-    """Typed tables of components, methods, datasets and data formats, filled by the plugins' hooks."""
+    """Typed tables of components, methods, datasets, data formats and training loggers, filled by the plugins'
+    hooks."""
 
     def __init__(self) -> None:
         self.components: dict[str, dict[str, Entry]] = {kind: {} for kind in COMPONENT_KINDS}
@@ -128,6 +132,7 @@ class Registry:
         self.methods: dict[str, Entry] = {}
         self.datasets: dict[str, Entry] = {}
         self.formats: dict[str, Entry] = {}   # data formats (xmcbench.formats.DataFormat) by name
+        self.loggers: dict[str, Entry] = {}   # training loggers (LoggerSpec) by name, for `--set loggers=...`
         self.plugins: list[PluginInfo] = []
         # plugins not loaded, each with a one-line error, and names rejected (RejectedName) of loaded plugins
         self.failed: list[FailedPlugin] = []
@@ -148,8 +153,6 @@ class Registry:
         if not callable(factory):
             raise RegistrationError(f"plugin {self._origin()} registers {kind} {name!r} with a factory that is "
                                     f"not callable: {_short_repr(factory)}")
-        from xmcbench.config import Option
-
         if not all(isinstance(option, Option) for option in options):
             raise RegistrationError(f"plugin {self._origin()} registers {kind} {name!r} with options that are not "
                                     "xmcbench.config.Option objects")
@@ -157,8 +160,6 @@ class Registry:
             self.component_options[(kind, name)] = tuple(options)
 
     def add_method(self, method) -> None:
-        from xmcbench.config import MethodSpec
-
         if not isinstance(method, MethodSpec):
             raise RegistrationError(f"plugin {self._origin()} registers a method that is not a MethodSpec: "
                                     f"{_short_repr(method)}")
@@ -189,6 +190,24 @@ class Registry:
                                     f"{_short_repr(data_format)}")
         self._check_name("a data format", data_format.name)
         self._add(self.formats, f"format {data_format.name!r}", data_format.name, data_format)
+
+    def add_logger(self, name: str, factory: Callable[..., Any], description: str,
+                   extra: str | None = None) -> None:
+        """A training logger users enable with `--set loggers=NAME`: `factory(run_dir, config)` returns an
+        `xmcbench.callbacks.TrainingCallback` (see xmcbench/callbacks.py); `description` is one line for
+        `xmcbench plugins`; `extra` names the pip extra providing its library, None if it needs none."""
+        self._check_name("a logger", name)
+        if not callable(factory):
+            raise RegistrationError(f"plugin {self._origin()} registers logger {name!r} with a factory that is "
+                                    f"not callable: {_short_repr(factory)}")
+        if not isinstance(description, str) or not description.strip():
+            raise RegistrationError(f"plugin {self._origin()} registers logger {name!r} without a description "
+                                    f"(one line of text): {_short_repr(description)}")
+        if extra is not None and (not isinstance(extra, str) or not extra or extra != extra.strip()):
+            raise RegistrationError(f"plugin {self._origin()} registers logger {name!r} with extra "
+                                    f"{_short_repr(extra)}; give the name of a pip extra, or None")
+        spec = LoggerSpec(name, factory, " ".join(description.split()), extra)
+        self._add(self.loggers, f"logger {name!r}", name, spec)
 
     def _origin(self) -> str:
         info = self._current
@@ -300,6 +319,13 @@ class Registry:
             raise XmcError(f"unknown data format {name!r}: {closest_names_hint(name, self.formats)} "
                            f"(`xmcbench formats` lists them{self._missing_hint()})")
         return self.formats[name].value
+
+    def logger(self, name: str) -> Callable[..., Any]:
+        """The factory of the training logger `name` (`factory(run_dir, config) -> TrainingCallback`)."""
+        if name not in self.loggers:
+            raise XmcError(f"unknown logger {name!r} in loggers: {closest_names_hint(name, self.loggers)} "
+                           f"(`xmcbench plugins` lists them{self._missing_hint()})")
+        return self.loggers[name].value.factory
 
     # -- filling ----------------------------------------------------------------------------------
     def register_plugin(self, plugin_manager: pluggy.PluginManager, plugin: Any, name: str,

@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from xmcbench.config import TrainConfig
-from xmcbench.errors import XmcError
-from xmcbench.registry import closest_names_hint
+from xmcbench.errors import XmcError, closest_names_hint
 from xmcbench.rundir import model_bytes
 from xmcbench.storage import atomic_write
 

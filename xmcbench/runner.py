@@ -36,16 +36,17 @@ from xmcbench.formats import FormatOptions, read_dataset
 from xmcbench.interfaces import LabelClusters, WholeMethod
 from xmcbench.metrics import evaluate, propensity_scores
 from xmcbench.modelio import build_model, load_model_dir, save_model_dir, storage_dtype
+from xmcbench.callbacks import JsonLog
 from xmcbench.checkpoint import load_checkpoint
-from xmcbench.pipeline import Predictions, Trainer, TrainingInterrupted, XMCModel, pick_device, predict, \
-    recalled_truth, seed_everything, set_threads
+from xmcbench.device import pick_device, seed_everything, set_threads
+from xmcbench.inference import Predictions, predict, recalled_truth
+from xmcbench.model import XMCModel
+from xmcbench.training import Trainer, TrainingInterrupted
 from xmcbench.registry import COMPONENT_KINDS, Registry, build_registry
-from xmcbench.report import plot_run_loss
 from xmcbench.rundir import ClaimedRun, claim_existing, claim_output, model_bytes
 from xmcbench.storage import atomic_write, cache_dir, fingerprint, write_json
 from xmcbench.tokenization import load_tokenizer, tokenize
 
-DEFAULT_DATASET = "debian-debtags-mini"
 FINISHED_MARKER = "metrics.json"
 VALIDATION_PREDICTIONS_FILE = "validation_predictions.safetensors"   # see save_validation_predictions
 PREDICTIONS_NPZ = "predictions.npz"   # the test top-k as a scipy CSR score matrix, see save_predictions_npz
@@ -89,7 +90,7 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
     statistics decide the settings the user, the method and a config file leave open (xmcbench.defaults).
     loaded: the dataset, already read (compare plans many cells of one dataset)."""
     spec = registry.method(method)
-    dataset = dataset or DEFAULT_DATASET
+    dataset = dataset or default_dataset(registry)
     check_dataset_name(registry, dataset)
     preset_key = preset_for(spec, dataset if dataset in registry.datasets else Path(dataset).name)
     options = list(set_options) + ([f"seed={seed}"] if seed is not None else [])
@@ -104,7 +105,7 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
     pool = training_pool(loaded, config)
     statistics = dataset_statistics([loaded.train_texts[i] for i in pool] if loaded.train_texts else None,
                                     loaded.train_labels[pool][:, :loaded.num_labels].tocsr(),
-                                    load_tokenizer(config.model_name), seed=config.seed)
+                                    load_tokenizer(config.model_name) if config.model_name else None, seed=config.seed)
     device = device_facts(config)
     explicit = set(spec.defaults) | set(parse_set_options(options))
     if config_file is not None:
@@ -116,9 +117,19 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
     return Plan(method, dataset, config, derived, statistics, device, loaded)
 
 
+def default_dataset(registry: Registry) -> str:
+    """The dataset a run uses when none is named: the first registered one whose plugin marks it
+    (DatasetSpec.is_default; xmcbench's own datasets plugin marks its smallest)."""
+    for name, entry in registry.datasets.items():
+        if entry.value.is_default:
+            return name
+    raise XmcError("no dataset named and no installed plugin marks a default one: give --dataset NAME_OR_PATH "
+                   "(`xmcbench datasets` lists them)")
+
+
 def preset_for(spec: MethodSpec, name: str) -> str:
     """The key of the method's preset for a dataset name, matched without case or punctuation (a folder
-    named Wiki-500K gets the wiki500k preset); the name itself when there is none."""
+    named "Big-Set-2" gets a preset keyed "bigset2"); the name itself when there is none."""
     def plain(text: str) -> str:
         return "".join(character for character in text.lower() if character.isalnum())
     if name in spec.presets:
@@ -135,13 +146,24 @@ def check_dataset_name(registry: Registry, name: str) -> None:
 
 def check_settings(registry: Registry, config: TrainConfig, spec: MethodSpec | None = None) -> None:
     """Settings that can be checked without data: ranges, component names (not for a whole method, which
-    has none), device, storage dtype, selection metric."""
+    has none), loggers, device, storage dtype, selection metric."""
     config.validate()
     for kind in COMPONENT_KINDS if spec is None or spec.whole_method is None else ():
+        if not getattr(config, kind):
+            owner = f"the method {spec.name} names" if spec is not None else "the settings name"
+            raise XmcError(f"{owner} no {kind}: name one in the method's defaults or with --set {kind}=NAME "
+                           "(`xmcbench plugins` lists them)")
         registry.component(kind, getattr(config, kind))
     declared = declared_options(registry, spec, config)
     if declared:   # the options the method and its components declare: typed and checked like core settings
         config.options = check_options(config.options, declared, "--set / --config")
+    if spec is not None and spec.whole_method is not None:
+        if config.loggers:
+            raise XmcError(f"loggers={','.join(config.loggers)}: {spec.name} fits on its own, without training steps "
+                           "to log; drop the loggers setting")
+    else:
+        for name in config.loggers:
+            registry.logger(name)
     pick_device(config)
     storage_dtype(config.storage_dtype)   # and not after training, when the model is saved
     if config.selection_metric not in SELECTION_METRICS:
@@ -512,14 +534,15 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
                 "parameter_dtype": str(next(model.parameters()).dtype).removeprefix("torch.")})
     stages = training_stages(registry.method(plan.method).stages, config)
     trainer = Trainer(model, train_tokens.subset(train_rows), dataset.train_labels[train_rows], config, device,
-                      validate, checkpoint_dir=output / "checkpoints", stages=stages, dist=dist)
+                      validate, checkpoint_dir=output / "checkpoints", stages=stages, dist=dist,
+                      callbacks=training_loggers(registry, config, output) if dist.is_main else ())
     if resume:
         state = load_checkpoint(output / "checkpoints")
         if state is not None:
             trainer.load_state_dict(state)
             log(f"resuming {output} at step {trainer.step} (epoch {trainer.epoch + 1})")
     try:
-        model, training_log = trainer.fit()
+        model, _ = trainer.fit()
     except TrainingInterrupted as stop:
         raise TrainingInterrupted(f"{stop}; continue with: xmcbench run --resume {output}") from None
     train_seconds = trainer.train_seconds
@@ -532,7 +555,6 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
                                          description="predicting validation", dist=dist)
     if not dist.is_main:
         return output
-    write_training_log(output, training_log)
     metrics = score(predictions, dataset.test_labels, model, weights, config.eval_ks)
     save_model_dir(output / "model", model, config, dataset.label_names[:dataset.num_labels])
     write_results(output, dataset, metrics, predictions, validation_predictions, validation_rows, train_seconds,
@@ -638,11 +660,10 @@ def save_validation_predictions(path: Path, labels: np.ndarray, scores: np.ndarr
     atomic_write(path, lambda temporary: save_file(arrays, str(temporary)))
 
 
-def write_training_log(output: Path, log) -> None:
-    write_json(output / "training_log.json", {"steps": log.steps, "validation": log.validation,
-                                              "selected_epoch": log.selected_epoch,
-                                              "stopped_early": log.stopped_early, "swa_updates": log.swa_updates})
-    plot_run_loss(log.steps, output / "loss.png")   # the report's loss figure, drawn for this run's parts
+def training_loggers(registry: Registry, config: TrainConfig, output: Path) -> list:
+    """The run's loggers: the run directory's JSON log (training_log.json and loss.png, which reports read),
+    then config.loggers in the order given."""
+    return [JsonLog(output), *(registry.logger(name)(output, config) for name in config.loggers)]
 
 
 # -- using a saved model ----------------------------------------------------------------------------

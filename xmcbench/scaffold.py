@@ -97,7 +97,8 @@ def xmcbench_register_methods(registry):
         name="$name",
         description="$name: mean-pooling encoder, linear recaller, dot-product ranker, top-clusters sampler",
         defaults={"encoder": "$name-mean-pooling", "recaller": "$name-linear", "ranker": "$name-dot",
-                  "sampler": "$name-top-clusters", "cluster_size": 8, "top_clusters": 10},
+                  "sampler": "$name-top-clusters", "model_name": "sentence-transformers/all-MiniLM-L6-v2",
+                  "cluster_size": 8, "top_clusters": 10},
         needs_ranker=True,
     ))
 ''')

@@ -12,7 +12,7 @@ AssertionError naming the component and the broken rule. What every kind is chec
 - output shapes and a floating dtype for several batch sizes (and lengths / candidate counts), finite values;
 - eval-mode outputs that depend only on the inputs (the same call twice gives the same result);
 - two instances built after the same seed give identical outputs (torch, numpy and `random` are seeded,
-  as `xmcbench.pipeline.seed_everything` does);
+  as `xmcbench.device.seed_everything` does);
 - a `state_dict` round trip into a fresh instance built after another seed gives identical outputs (and
   for samplers, `training_state` / `load_training_state` too, as a checkpoint does);
 - a training-mode forward and backward gives finite gradients (encoder, recaller, ranker);
@@ -67,7 +67,7 @@ from torch import nn
 from xmcbench.config import Stage, TrainConfig, apply_overrides
 from xmcbench.errors import error_line
 from xmcbench.interfaces import Candidates, Encoder, LabelClusters, Ranker, Recaller, Sampler, StageContext
-from xmcbench.pipeline import seed_everything
+from xmcbench.device import seed_everything
 from xmcbench.tokenization import pads_left, token_ids
 
 __all__ = ["make_tiny_transformer", "tiny_config", "check_encoder", "check_recaller", "check_ranker",
@@ -1029,3 +1029,157 @@ def _check_features_path(check: "_Check", factory, config, dataset, train_labels
         found = loaded.predict_features(test, top_k)
     check.require(_same_predictions(expected, found), "a saved and loaded model fitted on features must predict "
                   "exactly as the fitted one", _prediction_difference(expected, found))
+
+
+# -- training loggers -------------------------------------------------------------------------------------
+
+def _fake_trainer(config) -> Any:
+    """What a logger reads of the trainer (xmcbench/callbacks.py), without training: a tiny model, two stages
+    (the first trains the recaller alone), an empty TrainingLog."""
+    import types
+
+    from xmcbench.config import Stage
+
+    stages = (Stage("recaller", trains=("recaller",), losses=("recall",)), Stage("joint"))
+    log = types.SimpleNamespace(steps=[], validation=[], selected_epoch=None, stopped_early=None, swa_updates=0)
+    return types.SimpleNamespace(model=nn.Linear(4, 3), config=config, stages=stages, stage=stages[0], epoch=0,
+                                 step=0, documents_trained=0, log=log)
+
+
+def _logger_session(check: _Check, logger: Any, trainer: Any, plan: list[tuple[int, int]], resumed: bool,
+                    finish: bool) -> None:
+    """Drive `logger` through a session as the trainer does: `plan` holds (stage index, epochs of it run now);
+    after every event, trainer.log, the model and the random states must be as before the event."""
+    import copy
+
+    def fire(event: str, *arguments) -> None:
+        log = copy.deepcopy(vars(trainer.log))
+        weights = {name: tensor.detach().clone() for name, tensor in trainer.model.state_dict().items()}
+        training = trainer.model.training
+        states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        method = getattr(logger, event, None)
+        check.require(callable(method), f"every event of xmcbench.callbacks.EVENTS must be a method ({event})",
+                      f"{type(logger).__qualname__}.{event} is {_short(method)}; subclass "
+                      "xmcbench.callbacks.TrainingCallback")
+        what = f"{event}({', '.join(_short(argument, 40) for argument in arguments)})"
+        with check.rule(f"{what} at step {trainer.step} must work"):
+            method(trainer, *arguments)
+        check.require(vars(trainer.log) == log, f"{event} must not change trainer.log",
+                      _first_change(log, vars(trainer.log)))
+        changed = [name for name, tensor in trainer.model.state_dict().items()
+                   if name not in weights or not torch.equal(tensor, weights[name])]
+        check.require(not changed and len(weights) == len(trainer.model.state_dict())
+                      and trainer.model.training == training, f"{event} must not change the model",
+                      f"changed: {', '.join(changed) or 'its parameters, buffers or training mode'}")
+        check.require(random.getstate() == states[0] and _same_numpy_state(np.random.get_state(), states[1])
+                      and torch.equal(torch.get_rng_state(), states[2]),
+                      f"{event} must not draw from or reseed random, numpy's or torch's random generator",
+                      "a logger must leave the run's random state as it found it")
+
+    fire("on_train_begin")
+    for position, (index, epochs) in enumerate(plan):
+        stage = trainer.stages[index]
+        trainer.stage = stage
+        if not (resumed and position == 0):   # a run resumed inside a stage does not begin it again
+            trainer.epoch = 0
+            fire("on_stage_begin", stage)
+        for _ in range(epochs):
+            fire("on_epoch_begin")
+            records = []
+            for _ in range(5):
+                trainer.step += 1
+                trainer.documents_trained += 4
+                fire("on_step_end")
+                losses = {part: round(1.0 / (trainer.step + offset), 6)
+                          for offset, part in enumerate(stage.losses, start=1)}
+                records.append({"step": trainer.step, "epoch": trainer.epoch + 1, "stage": stage.name,
+                                "loss": round(sum(losses.values()), 6), **losses})
+                if len(records) == 3:   # the losses are read every few steps, and at the epoch's end
+                    trainer.log.steps.extend(records)
+                    fire("on_log", trainer.log.steps[-len(records):])
+                    records = []
+            trainer.log.steps.extend(records)
+            fire("on_log", trainer.log.steps[-len(records):])
+            trainer.epoch += 1
+            score = round(0.1 * len(trainer.log.validation) + 0.05, 6)
+            trainer.log.validation.append({"epoch": trainer.epoch, "score": score})
+            fire("on_evaluate", {"epoch": trainer.epoch, "score": score,
+                                 "metric": getattr(trainer.config, "selection_metric", "P@5")})
+            fire("on_epoch_end")
+        if position < len(plan) - 1 or finish:
+            fire("on_stage_end", stage)
+    if finish:
+        fire("on_train_end")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _same_numpy_state(first: tuple, second: tuple) -> bool:
+    return all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b for a, b in zip(first, second))
+
+
+def _first_change(before: dict, after: dict) -> str:
+    for key in sorted(set(before) | set(after)):
+        if before.get(key) != after.get(key):
+            return f"trainer.log.{key} was {_short(before.get(key))}, is now {_short(after.get(key))}"
+    return "it changed"
+
+
+@_isolated
+def check_logger(factory, config=None) -> None:
+    """Check a training logger's factory (`xmcbench_register_loggers`; the contract is xmcbench/callbacks.py)
+    in a temporary run directory, with a fake trainer (a tiny model, two stages, the TrainingLog's lists):
+
+    - `factory(run_dir, config)` works and the logger has every event of `xmcbench.callbacks.EVENTS`,
+      `state_dict` and `load_state_dict`;
+    - a first session (on_train_begin, two stages of epochs with on_step_end, on_log batches of per-step
+      records, on_evaluate with {"epoch", "score", "metric"}, on_epoch_end) runs, and no event changes
+      trainer.log, the model's parameters, buffers or training mode, or the random states (random, numpy,
+      torch);
+    - `state_dict()` survives `torch.save` and `torch.load(weights_only=True)`, and a second logger built on the
+      same run directory accepts it in `load_state_dict` (a checkpoint, then `--resume`);
+    - that second logger goes through a resumed session (on_train_begin, the rest of the second stage,
+      on_train_end) by the same rules.
+
+    Raises AssertionError naming the logger, the event and what is wrong. The logger's own environment is the
+    caller's: unset MLFLOW_TRACKING_URI and the like in a test, so nothing is logged outside the temporary
+    folder.
+    """
+    import io
+
+    check = _Check("logger", factory)
+    config = config if config is not None else TrainConfig()
+    with tempfile.TemporaryDirectory(prefix="xmcbench-logger-") as scratch:
+        run_dir = Path(scratch) / "run"
+        run_dir.mkdir()
+        trainer = _fake_trainer(config)
+
+        def build(session: str) -> Any:
+            with check.rule(f"factory(run_dir, config) must work ({session})"):
+                logger = factory(run_dir, config)
+            missing = [name for name in ("state_dict", "load_state_dict") if not callable(getattr(logger, name, None))]
+            check.require(not missing, "a logger must have state_dict() and load_state_dict(state)",
+                          f"{type(logger).__qualname__} lacks {', '.join(missing)}; subclass "
+                          "xmcbench.callbacks.TrainingCallback")
+            return logger
+
+        first = build("a new run")
+        # a run of two stages interrupted after the first epoch of the second, right after a checkpoint
+        _logger_session(check, first, trainer, [(0, 2), (1, 1)], resumed=False, finish=False)
+        with check.rule("state_dict() must work"):
+            state = first.state_dict()
+        check.require(isinstance(state, dict), "state_dict() must return a dict", _short(state))
+        buffer = io.BytesIO()
+        with check.rule("state_dict() must survive torch.save (tensors, numbers, strings, lists, dicts)"):
+            torch.save(state, buffer)
+        buffer.seek(0)
+        with check.rule("state_dict() must load with torch.load(weights_only=True) (tensors, numbers, strings, "
+                        "lists, dicts)"):
+            state = torch.load(buffer, weights_only=True)
+        second = build("the same run directory, resumed")
+        with check.rule("load_state_dict(state_dict()) of a resumed run must work"):
+            second.load_state_dict(state)
+        _logger_session(check, second, trainer, [(1, 1)], resumed=True, finish=True)

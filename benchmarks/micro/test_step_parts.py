@@ -17,7 +17,7 @@ import torch
 from xmcbench.candidates import candidates_with_positives, expand_clusters
 from xmcbench.interfaces import LabelClusters
 from xmcbench.optim import RowAdam
-from xmcbench.pipeline import XMCModel
+from xmcbench.model import XMCModel
 from xmcbench_lightxml.ranker import BottleneckRanker
 from xmcbench_lightxml.sampler import DynamicSampler
 
