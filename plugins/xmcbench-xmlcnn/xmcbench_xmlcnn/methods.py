@@ -12,6 +12,7 @@ XMLCNN_DEFAULTS = {
     "recaller": "cluster-linear",
     "ranker": "bottleneck",
     "sampler": "dynamic",
+    "model_name": "sentence-transformers/all-MiniLM-L6-v2",   # only its tokenizer: XML-CNN learns its embeddings
     "dropout": 0.5,
     "lr": 1e-3,
     "head_lr": 1e-3,
