@@ -12,6 +12,8 @@ LIGHTXML_DEFAULTS = {
     "recaller": "cluster-linear",
     "ranker": "bottleneck",
     "sampler": "dynamic",
+    # the offline default encoder, shipped inside a PyPI package; the paper's presets use BERT-base
+    "model_name": "sentence-transformers/all-MiniLM-L6-v2",
     "num_layers": 5,
     "dropout": 0.5,
     "lr": 1e-4,
