@@ -100,6 +100,27 @@ def load_tokenizer(model_name: str):
     return tokenizer
 
 
+def load_transformer(model_name: str, pretrained_weights: bool) -> tuple:
+    """A Hugging Face encoder by name or folder (see load_pretrained) -> (model, its config, its tokenizer,
+    loaded_dtype). With pretrained_weights, the weights its files hold become float32 master weights whatever
+    dtype they were published in (transformers 5 keeps the files' dtype: a float16 or bfloat16 checkpoint
+    would train in half precision and diverge under AMP), and loaded_dtype names that dtype; otherwise random
+    weights from its config and loaded_dtype None. Encoder plugins build on it."""
+    from transformers import AutoConfig, AutoModel
+
+    path = resolve_model_path(model_name)
+    if Path(path).is_dir() and not (Path(path) / "config.json").is_file():
+        raise XmcError(f"{Path(path) / 'config.json'} is missing: the encoder folder {path} holds no model "
+                       "config, so it is incomplete")
+    model_config = load_pretrained(AutoConfig.from_pretrained, model_name, "encoder config")
+    tokenizer = load_tokenizer(model_name)
+    if not pretrained_weights:
+        return AutoModel.from_config(model_config), model_config, tokenizer, None
+    model = AutoModel.from_pretrained(path, config=model_config)
+    loaded_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return model.float(), model_config, tokenizer, loaded_dtype
+
+
 @dataclass
 class TokenizedTexts:
     """N documents over one flat id array: document i is ids[starts[i]:starts[i] + lengths[i]].

@@ -10,7 +10,7 @@ from torch import nn
 
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import Encoder
-from xmcbench.tokenization import load_pretrained, load_tokenizer, resolve_model_path
+from xmcbench.tokenization import load_transformer
 
 # Models whose summary token comes last (XLNet appends <sep><cls>); all others put it first.
 SUMMARY_LAST_MODEL_TYPES = {"xlnet"}
@@ -22,24 +22,9 @@ class TransformerClsEncoder(Encoder):
     def __init__(self, model_name: str, num_layers: int = 5, dropout: float = 0.5,
                  pretrained_weights: bool = True) -> None:
         super().__init__()
-        from transformers import AutoConfig, AutoModel
-
-        path = resolve_model_path(model_name)
-        local = Path(path).is_dir()
-        if local and not (Path(path) / "config.json").is_file():
-            raise XmcError(f"{Path(path) / 'config.json'} is missing: the encoder folder {path} holds no model "
-                           "config, so it is incomplete")
-        model_config = load_pretrained(AutoConfig.from_pretrained, model_name, "encoder config")
-        self.tokenizer = load_tokenizer(model_name)
-        if pretrained_weights:
-            # transformers 5 loads weights in the dtype their files hold: a checkpoint published in float16 or
-            # bfloat16 would train in half precision and diverge (NaN within a few dozen steps under AMP).
-            # Master weights are float32 whatever the files hold; AMP still computes in half precision.
-            self.transformer = AutoModel.from_pretrained(path, config=model_config)
-            self.loaded_dtype = str(next(self.transformer.parameters()).dtype).removeprefix("torch.")
-            self.transformer.float()
-        else:
-            self.transformer = AutoModel.from_config(model_config)
+        # float32 master weights whatever dtype the files hold; AMP still computes in half precision
+        self.transformer, model_config, self.tokenizer, self.loaded_dtype = load_transformer(model_name,
+                                                                                             pretrained_weights)
         layers = model_config.num_hidden_layers
         if not 1 <= num_layers <= layers:
             raise XmcError(f"num_layers={num_layers} but {model_name!r} has {layers} layers; choose 1..{layers}")
