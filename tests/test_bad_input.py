@@ -230,7 +230,7 @@ def test_an_unknown_method_component_or_dataset(tmp_path, tiny_dataset):
                           "unknown dataset 'debian-debtag': did you mean 'debian-debtags'")
     assert_one_line_error(xmcbench("run", "lightxml", "--dataset", str(tiny_dataset), "--output", str(out),
                                    "--set", "encoder=transformer-clx", cwd=tmp_path),
-                          "unknown encoder 'transformer-clx': did you mean 'transformer-cls'?")
+                          "unknown encoder 'transformer-clx': did you mean 'transformer-cls'")
     assert not out.exists()
 
 

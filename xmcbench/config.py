@@ -13,7 +13,7 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from xmcbench.errors import XmcError, closest_names_hint
 
@@ -39,6 +39,11 @@ class TrainConfig:
     flat_below: int = 30000
     auto_cluster_size: int = 64
     top_clusters: int = 10         # b: clusters recalled per document
+    # a deeper label tree (CascadeXML): node counts of the levels between the recaller's and the leaf clusters,
+    # coarse to fine, powers of two below the number of clusters; the recaller then scores tree_levels[0] nodes.
+    # Empty: the recaller scores the leaf clusters (LightXML)
+    tree_levels: tuple[int, ...] = ()
+    level_top: tuple[int, ...] = ()   # nodes each tree level keeps for the next (empty: top_clusters at each)
     hidden_size: int = 300         # h: the ranker's bottleneck
     separate_ranker_encoder: bool = False   # the ranker reads a second encoder of its own
     # training
@@ -102,6 +107,13 @@ class TrainConfig:
         if self.top_k < max(self.eval_ks):
             raise XmcError(f"{source}: top_k={self.top_k} keeps fewer labels than eval_ks asks for "
                            f"(@{max(self.eval_ks)}); set top_k={max(self.eval_ks)} or more")
+        levels = self.tree_levels
+        if any(n & (n - 1) for n in levels) or any(a >= b for a, b in zip(levels, levels[1:])):
+            raise XmcError(f"{source}: tree_levels={format_ks(levels)} must be increasing powers of two, coarse "
+                           "to fine, e.g. tree_levels=1024,8192")
+        if self.level_top and len(self.level_top) != len(levels):
+            raise XmcError(f"{source}: level_top={format_ks(self.level_top)} must give one count per tree level "
+                           f"({len(levels)}: tree_levels={format_ks(levels)}), or be empty")
         if self.num_clusters and self.num_clusters & (self.num_clusters - 1):
             raise XmcError(f"{source}: num_clusters={self.num_clusters} must be a power of two (or 0 to use "
                            "cluster_size)")
@@ -129,6 +141,23 @@ def parse_ks(value: Any, key: str, source: str) -> tuple[int, ...]:
         if ks and all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in ks):
             return tuple(sorted(set(ks)))
     raise XmcError(f"{source}: {key} must be a list of positive integers, e.g. {key}=1,3,5,10,100; got {value!r}")
+
+
+# list settings whose order and repeats mean something (one value per tree level), unlike eval_ks's cut-offs
+ORDERED_COUNT_SETTINGS = ("tree_levels", "level_top")
+
+
+def parse_counts(value: Any, key: str, source: str) -> tuple[int, ...]:
+    """A list of positive integers in the order given ("1024,8192" or [1024, 8192]; "" for none)."""
+    items = [item for item in value.replace(" ", "").split(",") if item] if isinstance(value, str) else value
+    if isinstance(items, (list, tuple)):
+        try:
+            counts = tuple(int(k) if isinstance(k, str) else k for k in items)
+        except ValueError:
+            counts = None
+        if counts is not None and all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in counts):
+            return counts
+    raise XmcError(f"{source}: {key} must be a list of positive integers, e.g. {key}=1024,8192; got {value!r}")
 
 
 def parse_names(value: Any, key: str, source: str) -> tuple[str, ...]:
@@ -247,7 +276,12 @@ class MethodSpec:
     needs_ranker: the method is about its ranker or sampler (a new ranker, a negative-sampling scheme), which
     run only with label clusters; a flat run (below flat_below labels, or cluster_size=1) would drop them, so
     it starts with a warning saying how to keep them (a method whose stages train the ranker on its own is
-    refused instead). Every run records in config.json which components ran."""
+    refused instead). Every run records in config.json which components ran.
+
+    derive: settings the method derives from a dataset it has no preset for, as the core does
+    (xmcbench.defaults): derive(DatasetStatistics, DeviceFacts) -> {setting: xmcbench.defaults.Derived}. They
+    take the place of the core's derived value of the same setting; the method's defaults and what the user
+    sets still win over both."""
 
     name: str
     description: str
@@ -257,6 +291,7 @@ class MethodSpec:
     whole_method: type | None = None
     needs_ranker: bool = False
     options: tuple[Option, ...] = ()   # the method's own options (its components declare theirs)
+    derive: Callable[..., dict] | None = None   # derive(statistics, device) -> {setting: Derived}: see above
 
 
 def _field_types() -> dict[str, Any]:
@@ -291,8 +326,10 @@ def coerce_setting(key: str, value: Any, expected, source: str) -> Any:
     elif expected is str:
         if isinstance(value, str):
             return value
-    elif typing.get_origin(expected) is tuple:   # eval_ks (integers) or loggers (names)
-        return parse_ks(value, key, source) if typing.get_args(expected)[0] is int else parse_names(value, key, source)
+    elif typing.get_origin(expected) is tuple:   # cut-offs (eval_ks), ordered counts (tree_levels) or names
+        if typing.get_args(expected)[0] is not int:
+            return parse_names(value, key, source)
+        return parse_counts(value, key, source) if key in ORDERED_COUNT_SETTINGS else parse_ks(value, key, source)
     else:
         return value
     raise XmcError(f"{source}: {key} must be {expected.__name__}, got {value!r}")

@@ -63,6 +63,18 @@ class LabelClusters:
         return LabelClusters(self.label_cluster.to(device), self.cluster_labels.to(device))
 
 
+def tree_level_clusters(num_clusters: int, tree_levels: tuple[int, ...]) -> list[LabelClusters]:
+    """The levels of a deeper label tree (TrainConfig.tree_levels, coarse to fine) above `num_clusters` leaf
+    clusters: for each level after the first, a LabelClusters whose items are that level's nodes and whose
+    clusters are the nodes of the level above; the last one's items are the leaf clusters. Leaf cluster ids
+    follow the binary tree the clustering builds (node i's children are 2i and 2i+1, see
+    xmcbench.clustering.balanced_clusters), so leaf c's ancestor among n nodes is c // (num_clusters // n),
+    and every level splits each node of the level above into the same number of children."""
+    sizes = [*tree_levels, num_clusters]
+    return [LabelClusters.from_assignment(torch.arange(finer) // (finer // coarser), coarser)
+            for coarser, finer in zip(sizes, sizes[1:])]
+
+
 @dataclass
 class Candidates:
     """What the ranker scores for each document.
@@ -80,9 +92,15 @@ class Candidates:
 
 
 class Encoder(nn.Module, ABC):
-    """Token ids and attention mask (B, T) -> text representation (B, D)."""
+    """Token ids and attention mask (B, T) -> text representation (B, D).
+
+    level_dims: None (every level of the label tree reads the whole representation), or one size per
+    scoring level, coarse to fine (the recaller, each of TrainConfig.tree_levels, the labels), adding up to
+    out_dim: level j then reads its own slice of the representation (e.g. the [CLS] states of its own layers,
+    as CascadeXML). An encoder that declares it reads the number of levels from config.tree_levels."""
 
     out_dim: int
+    level_dims: tuple[int, ...] | None = None
     #: the Hugging Face tokenizer that produces the ids this encoder reads
     tokenizer: object
     #: the dtype its pretrained weights were loaded in ("float16" for a half-precision checkpoint), before
@@ -118,8 +136,9 @@ class StageContext:
     """What a sampler may use when a training stage begins.
 
     num_documents: N, the training documents (doc_index values are 0..N-1).
-    recalled_clusters(top) -> (N, top) long: each training document's top clusters under the current
-        recaller (computed in eval mode, without gradients).
+    recalled_clusters(top) -> (N, top) long: each training document's top clusters under the current model
+        (computed in eval mode, without gradients): the clusters this sampler's candidates come from, which
+        are the recaller's, or, in a deeper tree, the nodes the level above this sampler's keeps.
     """
 
     stage: "Stage"           # xmcbench.config.Stage: its name, the parts it trains, the losses it counts
@@ -131,6 +150,10 @@ class Sampler(nn.Module, ABC):
     """Training only: decides which candidate labels the ranker sees, and their 0/1 targets.
 
     Contract: every positive label of a document is among its candidates, exactly once.
+    In a deeper label tree (TrainConfig.tree_levels) each level has a sampler of its own, built with
+    config.top_clusters set to the nodes that level keeps; its "labels" are that level's nodes, its
+    "clusters" their parents, its recall_logits the level above's logits over all its nodes (the lowest
+    float where the level above scored none), its positives the ancestors of the positive labels there.
     Samplers that keep per-document state (e.g. frozen candidates) fill it in `start_stage` and expose it
     through `training_state`/`load_training_state`, so checkpoints carry it; it is not part of the model.
     """

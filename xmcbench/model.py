@@ -1,30 +1,71 @@
-"""The model: encoder + recaller (+ ranker and sampler unless flat), its training loss and its final scores.
+"""The model: an encoder, a recaller, the levels of a label tree below it, their losses and final scores.
 
-Components only compute; this module decides how their outputs combine. Training loss L = BCE(recall logits,
-cluster targets) + BCE(rank logits, candidate targets); gradients of both reach the encoder. Final score =
-sigmoid(recall logit of the label's cluster) * sigmoid(rank logit). With one label per cluster (flat) the
-recaller scores every label and there is no ranker.
+Components only compute; this module decides how their outputs combine. The label tree has the recaller's
+nodes at its top, the labels at its bottom and, optionally, finer levels of nodes between them
+(config.tree_levels; LightXML has none: its recaller scores the leaf clusters). Every level below the
+recaller scores the children of the nodes the level above kept, with a ranker, on candidates a sampler
+chooses during training. Training loss L = BCE(recall logits, targets of the recaller's nodes) + the sum over
+the levels below of BCE(their logits, their candidates' targets); gradients of every term reach the encoder.
+Each level keeps its nodes of highest probability (sigmoid of their logits) and scores their children; a
+label's final score is its probability times its leaf cluster's (CascadeXML's scoring, which for LightXML is
+sigmoid(recall logit of the label's cluster) * sigmoid(rank logit)). With one label per cluster (flat) the
+recaller scores every label and there is no level below it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from xmcbench.candidates import expand_clusters
+from xmcbench.candidates import expand_clusters, unique_per_row
 from xmcbench.config import JOINT_TRAINING, Stage
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import Encoder, LabelClusters, Ranker, Recaller, Sampler
 
 
-class XMCModel(nn.Module):
-    """Encoder + recaller (+ ranker and sampler unless flat) + the label clusters as buffers.
+class TreeLevel(nn.Module):
+    """A level of nodes between the recaller's and the labels: a ranker scoring its nodes, the sampler that
+    picks its training candidates, and how its nodes hang under the level above (`clusters`: items are this
+    level's nodes, clusters the parents). `keep`: how many parents the descent keeps before expanding them.
+    The mapping follows from the tree's shape (config.tree_levels), so it is not saved with the weights."""
 
-    ranker_encoder: an optional second encoder whose representation only the ranker reads (the paper's
-    BS ablation); by default the ranker reads the shared encoder's."""
+    def __init__(self, ranker: Ranker, sampler: Sampler, clusters: LabelClusters, keep: int) -> None:
+        super().__init__()
+        self.ranker, self.sampler, self.keep = ranker, sampler, keep
+        self.register_buffer("item_group", clusters.label_cluster.clone(), persistent=False)
+        self.register_buffer("group_items", clusters.cluster_labels.clone(), persistent=False)
+
+    @property
+    def clusters(self) -> LabelClusters:
+        return LabelClusters(self.item_group, self.group_items)
+
+
+@dataclass
+class _Scorer:
+    """One level below the recaller as the loss and the descent see it."""
+    ranker: Ranker
+    sampler: Sampler | None
+    clusters: LabelClusters      # this level's items under the parents the level above keeps
+    keep: int | None             # parents kept by the descent; None: config.top_clusters (the leaf clusters)
+    representation: torch.Tensor
+
+
+class XMCModel(nn.Module):
+    """Encoder + recaller (+ the tree levels, the label ranker and sampler unless flat) + the label clusters
+    as buffers.
+
+    ranker_encoder: an optional second encoder whose representation only the label ranker reads (the paper's
+    BS ablation); by default every level reads the shared encoder's.
+    levels: the TreeLevels between the recaller's nodes and the leaf clusters, coarse to fine (none for
+    LightXML). The encoder feeds every level the same (B, D) representation, or, when it declares
+    `level_dims` (one size per scoring level: recaller, each tree level, labels), level j reads its own
+    slice of it."""
 
     def __init__(self, encoder: Encoder, recaller: Recaller, ranker: Ranker | None, sampler: Sampler | None,
-                 clusters: LabelClusters, ranker_encoder: Encoder | None = None) -> None:
+                 clusters: LabelClusters, ranker_encoder: Encoder | None = None,
+                 levels: tuple[TreeLevel, ...] = ()) -> None:
         super().__init__()
         self.encoder, self.recaller, self.ranker, self.sampler = encoder, recaller, ranker, sampler
         self.ranker_encoder = ranker_encoder
@@ -33,16 +74,53 @@ class XMCModel(nn.Module):
         self.is_flat = clusters.is_flat
         if not self.is_flat and (ranker is None or sampler is None):
             raise XmcError("label clusters hold several labels each, so the method needs a ranker and a sampler")
+        if levels:
+            self.levels = nn.ModuleList(levels)   # absent when empty, so a LightXML model's names stay its own
+        level_dims = getattr(encoder, "level_dims", None)
+        if level_dims is not None and (len(level_dims) != 2 + len(levels) or sum(level_dims) != encoder.out_dim):
+            raise XmcError(f"the encoder gives {len(level_dims)} level representations (sizes {tuple(level_dims)}) "
+                           f"but the model scores {2 + len(levels)} levels (the recaller, {len(levels)} tree levels, "
+                           f"the labels), or their sizes do not add up to its out_dim {encoder.out_dim}; set the "
+                           "encoder's layers per level to match tree_levels")
+
+    @property
+    def tree_levels(self) -> tuple["TreeLevel", ...]:
+        return tuple(self.levels) if hasattr(self, "levels") else ()
 
     @property
     def clusters(self) -> LabelClusters:
         return LabelClusters(self.label_cluster, self.cluster_labels)
 
     def parts(self) -> dict[str, nn.Module]:
-        """The trainable parts by name (see config.TRAINABLE_PARTS); absent ones are left out."""
+        """The trainable parts by name (see config.TRAINABLE_PARTS); absent ones are left out. "ranker" is
+        every ranker below the recaller: the tree levels' and the labels'."""
+        rankers = self.ranker if not self.tree_levels else nn.ModuleList(
+            [level.ranker for level in self.tree_levels] + [self.ranker])
         named = {"encoder": self.encoder, "ranker_encoder": self.ranker_encoder, "recaller": self.recaller,
-                 "ranker": self.ranker}
+                 "ranker": rankers}
         return {name: part for name, part in named.items() if part is not None}
+
+    def level_inputs(self, representation: torch.Tensor) -> list[torch.Tensor]:
+        """(B, D) -> the representation each scoring level reads (recaller, tree levels, labels)."""
+        level_dims = getattr(self.encoder, "level_dims", None)
+        if level_dims is None:
+            return [representation] * (2 + len(self.tree_levels))
+        return list(representation.split(list(level_dims), dim=1))
+
+    def _scorers(self, inputs: list[torch.Tensor], label_representation: torch.Tensor | None) -> list[_Scorer]:
+        """The levels below the recaller, coarse to fine, the labels last."""
+        scorers = [_Scorer(level.ranker, level.sampler, level.clusters, level.keep, inputs[1 + depth])
+                   for depth, level in enumerate(self.tree_levels)]
+        return scorers + [_Scorer(self.ranker, self.sampler, self.clusters, None,
+                                  inputs[-1] if label_representation is None else label_representation)]
+
+    def node_of(self, labels: torch.Tensor, depth: int) -> torch.Tensor:
+        """Label ids (any shape, >= 0) -> their ancestor at scoring level `depth` (0: the recaller's nodes;
+        len(tree_levels): the leaf clusters)."""
+        nodes = self.label_cluster[labels]
+        for level in reversed(self.tree_levels[depth:]):
+            nodes = level.item_group[nodes]
+        return nodes
 
     def forward(self, *args, **kwargs):
         """The training loss (see training_loss): what DistributedDataParallel calls."""
@@ -52,7 +130,8 @@ class XMCModel(nn.Module):
                       stage: Stage = JOINT_TRAINING[0], weigh=None, frozen_representations=None
                       ) -> tuple[torch.Tensor, dict]:
         """(B, T) ids and mask, positives (B, P) label ids padded with -1, doc_index (B,)
-        -> (scalar loss, {"recall": tensor, "rank": tensor}) with the losses `stage` counts.
+        -> (scalar loss, {"recall": tensor, "rank": tensor}) with the losses `stage` counts; "rank" is the sum
+        over the levels below the recaller.
 
         frozen_representations: {"encoder": (B, D), "ranker_encoder": (B, D)} for encoders the stage does not
         train, computed once in eval mode (Trainer): what those encoders would return here, without running them.
@@ -65,59 +144,126 @@ class XMCModel(nn.Module):
         if representation is None:
             with torch.set_grad_enabled("encoder" in stage.trains and torch.is_grad_enabled()):
                 representation = self.encoder(input_ids, attention_mask)      # (B, D)
-        recall_logits = self.recaller(representation)                        # (B, K)
-        total, parts, counts = 0.0, {}, {}
+        inputs = self.level_inputs(representation)
+        recall_logits = self.recaller(inputs[0])                             # (B, K)
+        losses, counts = {}, {}
         if "recall" in stage.losses:
             # a scatter, not boolean-mask indexing: no output size that depends on the data, so no wait for
             # the device (padding slots write 0, and amax keeps a positive's 1 wherever both land)
             cluster_targets = torch.zeros(recall_logits.shape, device=recall_logits.device).scatter_reduce_(
-                1, self.label_cluster[positives.clamp_min(0)], (positives >= 0).float(), reduce="amax")
-            recall_loss = self.recaller.loss(recall_logits, cluster_targets)
-            total, parts["recall"] = recall_loss, recall_loss.detach()
+                1, self.node_of(positives.clamp_min(0), 0), (positives >= 0).float(), reduce="amax")
+            losses["recall"] = self.recaller.loss(recall_logits, cluster_targets)
             counts["recall"] = recall_logits.numel()
         if "rank" in stage.losses and not self.is_flat:
-            candidates = self.sampler(recall_logits.detach(), positives, self.clusters, doc_index)
+            label_representation = None
             if self.ranker_encoder is not None:
-                representation = frozen_representations.get("ranker_encoder")
-                if representation is None:
+                label_representation = frozen_representations.get("ranker_encoder")
+                if label_representation is None:
                     with torch.set_grad_enabled("ranker_encoder" in stage.trains and torch.is_grad_enabled()):
-                        representation = self.ranker_encoder(input_ids, attention_mask)
-            rank_logits = self.ranker(representation, candidates.labels)      # (B, C)
-            # the mean over real candidates as a weighted sum: a boolean-mask selection would make the host
-            # wait for the device to learn its size
-            per_candidate = nn.functional.binary_cross_entropy_with_logits(
-                rank_logits.float(), candidates.targets, reduction="none")
-            real = candidates.mask.float()
-            counts["rank"] = real.sum()
-            rank_loss = (per_candidate * real).sum() / counts["rank"].clamp_min(1.0)
-            total, parts["rank"] = total + rank_loss, rank_loss.detach()
+                        label_representation = self.ranker_encoder(input_ids, attention_mask)
+                label_representation = self.level_inputs(label_representation)[-1]
+            parent_logits = recall_logits.detach()
+            scorers = self._scorers(inputs, label_representation)
+            for depth, scorer in enumerate(scorers):
+                last = depth == len(scorers) - 1
+                level_positives = positives if last else self._distinct_nodes(positives, depth + 1)
+                candidates = scorer.sampler(parent_logits, level_positives, scorer.clusters, doc_index)
+                logits = scorer.ranker(scorer.representation, candidates.labels)          # (B, C)
+                # the mean over real candidates as a weighted sum: a boolean-mask selection would make the
+                # host wait for the device to learn its size
+                per_candidate = nn.functional.binary_cross_entropy_with_logits(
+                    logits.float(), candidates.targets, reduction="none")
+                real = candidates.mask.float()
+                name = "rank" if last else f"rank:{depth + 1}"
+                counts[name] = real.sum()
+                losses[name] = (per_candidate * real).sum() / counts[name].clamp_min(1.0)
+                if not last:   # the next level's sampler reads this level's logits over all its nodes
+                    lowest = torch.finfo(torch.float32).min
+                    parent_logits = torch.full((len(logits), scorer.clusters.num_labels), lowest,
+                                               device=logits.device).scatter_reduce(
+                        1, candidates.labels, torch.where(candidates.mask, logits.detach().float(), lowest),
+                        reduce="amax")
         if weigh is not None:
-            weights = weigh({name: (parts[name], counts[name]) for name in parts})
-            losses = {"recall": recall_loss if "recall" in parts else None,
-                      "rank": rank_loss if "rank" in parts else None}
-            total = sum(losses[name] * weights[name][0] for name in parts)
-            parts = {name: weights[name][1] for name in parts}
+            weights = weigh({name: (losses[name].detach(), counts[name]) for name in losses})
+            total = sum(losses[name] * weights[name][0] for name in losses)
+            reported = {name: weights[name][1] for name in losses}
+        else:
+            total = 0.0
+            for loss in losses.values():
+                total = loss if isinstance(total, float) else total + loss
+            reported = {name: loss.detach() for name, loss in losses.items()}
+        parts = {name: value for name, value in reported.items() if ":" not in name}
+        if "rank" in parts:
+            for name, value in reported.items():
+                if name.startswith("rank:"):
+                    parts["rank"] = parts["rank"] + value
         return total, parts
+
+    def _distinct_nodes(self, positives: torch.Tensor, depth: int) -> torch.Tensor:
+        """(B, P) label ids padded with -1 -> their ancestors at scoring level `depth`, each once per row,
+        padded with -1 (a sampler's positives at that level)."""
+        nodes, keep = unique_per_row(self.node_of(positives.clamp_min(0), depth), positives >= 0)
+        return torch.where(keep, nodes, -1)
+
+    def _descend(self, input_ids, attention_mask, top_clusters: int, depth: int | None = None):
+        """Score the levels from the top down. Each level keeps its nodes of highest probability (its scorer's
+        `keep`, top_clusters for the leaf clusters) and scores their children, a child's score being its
+        probability times its parent's. Returns (candidates, scores (B, C) with -1 where masked, kept parents)
+        of the labels, or with depth = d the (B, top_clusters) best nodes of scoring level d (0: the recaller's)."""
+        inputs = self.level_inputs(self.encoder(input_ids, attention_mask))
+        probabilities = torch.sigmoid(self.recaller(inputs[0]).float())   # (B, nodes of the level), -1 unscored
+        label_representation = None
+        if self.ranker_encoder is not None and depth is None:
+            label_representation = self.level_inputs(self.ranker_encoder(input_ids, attention_mask))[-1]
+        scorers = self._scorers(inputs, label_representation)
+        for level, scorer in enumerate(scorers):
+            keep = top_clusters if level == depth else scorer.keep or top_clusters
+            kept_probabilities, kept = probabilities.topk(min(keep, probabilities.shape[1]), dim=1)
+            if level == depth:
+                return kept
+            candidates = expand_clusters(kept, kept_probabilities >= 0, scorer.clusters)
+            own = torch.sigmoid(scorer.ranker(scorer.representation, candidates.labels).float())   # (B, C)
+            if level < len(scorers) - 1:
+                probabilities = torch.full((len(own), scorer.clusters.num_labels), -1.0, device=own.device
+                                           ).scatter_reduce(1, candidates.labels,
+                                                            torch.where(candidates.mask, own, -1.0), reduce="amax")
+        scores = torch.where(candidates.mask, probabilities.gather(1, candidates.clusters) * own, -1.0)
+        return candidates, scores, kept
+
+    @torch.no_grad()
+    def top_nodes(self, input_ids, attention_mask, depth: int, top: int) -> torch.Tensor:
+        """(B, T) ids and mask -> (B, top) the nodes of scoring level `depth` (0: the recaller's) a document
+        reaches: by recall logit at the recaller's level, by probability below it (the descent of predict_top,
+        whose leaf level keeps `top`)."""
+        if depth == 0:
+            return self.recaller(self.level_inputs(self.encoder(input_ids, attention_mask))[0]).float().topk(
+                min(top, self.recaller.num_clusters), dim=1).indices
+        return self._descend(input_ids, attention_mask, top, depth)
 
     @torch.no_grad()
     def predict_top(self, input_ids, attention_mask, top_clusters: int, top_k: int):
         """(B, T) ids and mask -> labels (B, k) long (-1 where a document has fewer than k candidates),
-        scores (B, k) float, recalled clusters (B, b) long (None when flat)."""
-        representation = self.encoder(input_ids, attention_mask)
-        recall_scores = torch.sigmoid(self.recaller(representation).float())  # (B, K)
+        scores (B, k) float, recalled leaf clusters (B, b) long (None when flat)."""
         if self.is_flat:
+            recall_scores = torch.sigmoid(self.recaller(
+                self.level_inputs(self.encoder(input_ids, attention_mask))[0]).float())
             scores, labels = recall_scores.topk(min(top_k, recall_scores.shape[1]), dim=1)
             return _pad_right(labels, scores, top_k), None
-        cluster_scores, recalled = recall_scores.topk(min(top_clusters, recall_scores.shape[1]), dim=1)
-        candidates = expand_clusters(recalled, torch.ones_like(recalled, dtype=torch.bool), self.clusters)
-        if self.ranker_encoder is not None:
-            representation = self.ranker_encoder(input_ids, attention_mask)
-        rank_scores = torch.sigmoid(self.ranker(representation, candidates.labels).float())   # (B, C)
-        scores = recall_scores.gather(1, candidates.clusters) * rank_scores
-        scores = torch.where(candidates.mask, scores, -1.0)
+        candidates, scores, recalled = self._descend(input_ids, attention_mask, top_clusters)
         scores, slots = scores.topk(min(top_k, scores.shape[1]), dim=1)
         labels = torch.where(scores >= 0, candidates.labels.gather(1, slots), -1)
         return _pad_right(labels, scores, top_k), recalled
+
+    def nodes_at(self, depth: int) -> int:
+        """The number of nodes of scoring level `depth` (0: the recaller's; the last: the leaf clusters)."""
+        return self.recaller.num_clusters if depth == 0 else self.tree_levels[depth - 1].clusters.num_labels
+
+    def samplers(self) -> list[tuple[int, Sampler]]:
+        """(depth of the level its candidates come from, sampler) for every sampler, coarse to fine."""
+        if self.is_flat:
+            return []
+        return [(depth, level.sampler) for depth, level in enumerate(self.tree_levels)] + \
+            [(len(self.tree_levels), self.sampler)]
 
 
 def _pad_right(labels: torch.Tensor, scores: torch.Tensor, width: int):

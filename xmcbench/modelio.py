@@ -32,8 +32,8 @@ from safetensors.torch import _remove_duplicate_names, load_model, save_file
 import xmcbench
 from xmcbench.config import TrainConfig
 from xmcbench.errors import XmcError, joined_line
-from xmcbench.interfaces import LabelClusters
-from xmcbench.model import XMCModel
+from xmcbench.interfaces import LabelClusters, tree_level_clusters
+from xmcbench.model import TreeLevel, XMCModel
 from xmcbench.registry import Registry
 from xmcbench.storage import atomic_write, read_json, write_json
 
@@ -57,14 +57,37 @@ def build_model(registry: Registry, config: TrainConfig, clusters: LabelClusters
                 encoder_params: dict | None = None) -> XMCModel:
     """Instantiate the configured components around `clusters`. encoder_params come from Encoder.export."""
     encoder = registry.component("encoder", config.encoder)(config, **(encoder_params or {}))
-    recaller = registry.component("recaller", config.recaller)(config, encoder.out_dim, clusters.num_clusters)
+    levels = tree_levels(registry, config, clusters, encoder)
+    in_dims = getattr(encoder, "level_dims", None) or (encoder.out_dim,) * (2 + len(levels))
+    recaller = registry.component("recaller", config.recaller)(
+        config, in_dims[0], config.tree_levels[0] if levels else clusters.num_clusters)
     ranker = sampler = ranker_encoder = None
     if not clusters.is_flat:
-        ranker = registry.component("ranker", config.ranker)(config, encoder.out_dim, clusters.num_labels)
+        ranker = registry.component("ranker", config.ranker)(config, in_dims[-1], clusters.num_labels)
         sampler = registry.component("sampler", config.sampler)(config)
         if config.separate_ranker_encoder:
             ranker_encoder = registry.component("encoder", config.encoder)(config, **(encoder_params or {}))
-    return XMCModel(encoder, recaller, ranker, sampler, clusters, ranker_encoder)
+    return XMCModel(encoder, recaller, ranker, sampler, clusters, ranker_encoder, levels)
+
+
+def tree_levels(registry: Registry, config: TrainConfig, clusters: LabelClusters, encoder) -> tuple[TreeLevel, ...]:
+    """The levels of config.tree_levels between the recaller's nodes and the leaf clusters: for each, a ranker
+    of the configured kind over its nodes and a sampler built with top_clusters = the nodes kept above it."""
+    if not config.tree_levels:
+        return ()
+    if clusters.is_flat or config.tree_levels[-1] >= clusters.num_clusters:
+        raise XmcError(f"tree_levels={','.join(map(str, config.tree_levels))} must have fewer nodes than the "
+                       f"{clusters.num_clusters if not clusters.is_flat else 'flat'} leaf clusters below them; "
+                       "set cluster_size (e.g. 8) or num_clusters above the last tree level")
+    in_dims = getattr(encoder, "level_dims", None) or (encoder.out_dim,) * (2 + len(config.tree_levels))
+    keeps = config.level_top or (config.top_clusters,) * len(config.tree_levels)
+    levels = []
+    for depth, (level_clusters, keep) in enumerate(zip(tree_level_clusters(clusters.num_clusters,
+                                                                           config.tree_levels), keeps)):
+        ranker = registry.component("ranker", config.ranker)(config, in_dims[1 + depth], level_clusters.num_labels)
+        sampler = registry.component("sampler", config.sampler)(dataclasses.replace(config, top_clusters=keep))
+        levels.append(TreeLevel(ranker, sampler, level_clusters, keep))
+    return tuple(levels)
 
 
 # -- saving -----------------------------------------------------------------------------------------

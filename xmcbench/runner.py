@@ -110,7 +110,8 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
     explicit = set(spec.defaults) | set(parse_set_options(options))
     if config_file is not None:
         explicit |= set(read_config_file(config_file))
-    derived = {key: value for key, value in derive_settings(statistics, device).items() if key not in explicit}
+    derived = {**derive_settings(statistics, device), **(spec.derive(statistics, device) if spec.derive else {})}
+    derived = {key: value for key, value in derived.items() if key not in explicit}
     config = resolve_config(spec, preset_key, config_file, options,
                             derived={key: value.value for key, value in derived.items()})
     check_settings(registry, config, spec)

@@ -468,6 +468,14 @@ def check_encoder(factory, config, batch_sizes=(1, 3), lengths=(1, 5, 12)) -> No
             out_dim = getattr(encoder, "out_dim", None)
             check.require(isinstance(out_dim, int) and not isinstance(out_dim, bool) and out_dim > 0,
                           "an encoder must have a positive integer out_dim", f"out_dim is {out_dim!r}")
+            level_dims = getattr(encoder, "level_dims", None)
+            levels = 2 + len(config.tree_levels)
+            check.require(level_dims is None or (
+                isinstance(level_dims, tuple) and len(level_dims) == levels and sum(level_dims) == out_dim
+                and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in level_dims)),
+                "an encoder's level_dims must be None or a tuple of positive integers, one per scoring level (the "
+                "recaller, each of config.tree_levels, the labels), adding up to out_dim",
+                f"level_dims is {level_dims!r} with out_dim {out_dim} and {levels} scoring levels")
             tokenizers.append(encoder.tokenizer)
         return encoder
 

@@ -220,8 +220,9 @@ class Trainer:
     def _begin_stage(self, stage: Stage) -> None:
         stage.begin(self.model)
         self._configure(stage)
-        if self.model.sampler is not None:
-            self.model.sampler.start_stage(StageContext(stage, len(self.tokens), self._recalled_clusters))
+        for depth, sampler in self.model.samplers():
+            sampler.start_stage(StageContext(stage, len(self.tokens),
+                                             lambda top, depth=depth: self._recalled_clusters(top, depth)))
             self._train_mode()
         self.stage_started = True
         self.emit("on_stage_begin", stage)
@@ -250,12 +251,12 @@ class Trainer:
                     encoder, Output((encoder.out_dim,), np.float32, 0.0)))
         self._train_mode()
 
-    def _recalled_clusters(self, top: int) -> torch.Tensor:
-        """(N, top) long: every training document's top clusters under the current encoder and recaller."""
-        top = min(top, self.model.recaller.num_clusters)
+    def _recalled_clusters(self, top: int, depth: int = 0) -> torch.Tensor:
+        """(N, top) long: every training document's top nodes of scoring level `depth` (0: the recaller's)
+        under the current model."""
+        top = min(top, self.model.nodes_at(depth))
         return torch.from_numpy(self._map_training_documents(
-            lambda ids, mask: self.model.recaller(self.model.encoder(ids, mask)).float().topk(top, dim=1).indices,
-            Output((top,), np.int64, 0)))
+            lambda ids, mask: self.model.top_nodes(ids, mask, depth, top), Output((top,), np.int64, 0)))
 
     def _map_training_documents(self, function: Callable, output: Output) -> np.ndarray:
         (values,) = map_documents(self.model, self.tokens, lambda ids, mask: (function(ids, mask),), (output,),
@@ -351,6 +352,7 @@ class Trainer:
                          "train_seconds": self.train_seconds + time.perf_counter() - self._started},
             "model": self.model.state_dict(),
             "sampler": sampler.training_state() if sampler is not None else {},
+            "level_samplers": [level.sampler.training_state() for level in self.model.tree_levels],
             "optimizers": [optimizer.state_dict() for optimizer in self.optimizers],
             "scaler": self.scaler.state_dict(),
             "callbacks": {type(callback).__qualname__: callback.state_dict() for callback in self.callbacks},
@@ -371,6 +373,8 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         if self.model.sampler is not None:
             self.model.sampler.load_training_state(state["sampler"])
+        for level, sampler_state in zip(self.model.tree_levels, state["level_samplers"]):
+            level.sampler.load_training_state(sampler_state)
         if self.stage_started:
             self._configure(self.stage)
             for optimizer, optimizer_state in zip(self.optimizers, state["optimizers"]):
