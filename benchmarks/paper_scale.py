@@ -1,9 +1,11 @@
 """The paper's large presets at full label count, with synthetic data of the real shapes, against the limits.
 
 For each preset (wiki500k: 501,008 labels, batch 32; amazon670k: 670,091 labels, batch 16; both length 128,
-8,192 clusters, BERT-base) this builds the unchanged `lightxml` preset around a BERT-base config with random
-weights (the bundled MiniLM tokenizer is BERT's uncased WordPiece vocabulary) and prints, on whatever device
-is present:
+8,192 clusters, BERT-base) this builds the unchanged `lightxml` preset (or, with --method cascade, the
+`cascade` preset from CascadeXML's published settings: 65,536 leaf clusters under levels of 1,024 and 8,192
+nodes, batch 64, a node-linear classifier per level reading its own layers; the xmcbench-cascade package)
+around a BERT-base config with random weights (the bundled MiniLM tokenizer is BERT's uncased WordPiece
+vocabulary) and prints, on whatever device is present:
   - tokenization documents/second (synthetic texts, fast tokenizer, no cache);
   - label clustering seconds (label features + balanced 2-means) from --cluster-docs synthetic documents;
   - parameters, bytes on disk in float32 and float16;
@@ -18,6 +20,7 @@ is present:
 Synthetic data measures speed and memory only, never accuracy.
 
     python benchmarks/paper_scale.py --threads 2                       # both presets, CPU-sized defaults
+    python benchmarks/paper_scale.py --method lightxml --method cascade --preset wiki500k --cluster-docs 0
     python benchmarks/paper_scale.py --preset wiki500k --batches 20 --predict-batch 256 --cluster-docs 1779881
 """
 
@@ -132,16 +135,18 @@ def bytes_on_disk(model: torch.nn.Module, bytes_per_float: int) -> int:
                for t in model.state_dict().values())
 
 
-def run_preset(preset: str, args, model_dir: Path) -> None:
+def run_preset(preset: str, method: str, args, model_dir: Path) -> None:
     registry = build_registry()
     options = [f"model_name={model_dir}", "pretrained_weights=false", f"threads={args.threads}",
                f"device={args.device}"]
-    config = plan_run(registry, "lightxml", preset, set_options=options).config
+    config = plan_run(registry, method, preset, set_options=options).config
     threads = set_threads(config)
     device = pick_device(config)
     shape = synthetic.SHAPES[preset]
-    print(f"\n== {preset}: {shape.num_labels:,} labels, {config.num_clusters:,} clusters, top {config.top_clusters}, "
-          f"h {config.hidden_size}, batch {config.batch_size}, length {config.max_length}, BERT-base (random); "
+    tree = f", tree levels {config.tree_levels} keeping {config.level_top or config.top_clusters}" \
+        if config.tree_levels else f", h {config.hidden_size}"
+    print(f"\n== {method} at {preset}: {shape.num_labels:,} labels, {config.num_clusters:,} clusters, top "
+          f"{config.top_clusters}{tree}, batch {config.batch_size}, length {config.max_length}, BERT-base (random); "
           f"device {device}, {threads} threads, amp {config.amp and device.type == 'cuda'}")
 
     documents = config.batch_size * (args.batches + 1)
@@ -156,8 +161,9 @@ def run_preset(preset: str, args, model_dir: Path) -> None:
     print(f"tokenization: {tokenize_rate:,.0f} documents/s ({len(texts)} documents, mean "
           f"{tokens.lengths.mean():.0f} tokens)")
     parameters = sum(p.numel() for p in model.parameters())
-    print(f"model: {parameters / 1e6:.1f}M parameters ({model.ranker.label_embedding.weight.numel() / 1e6:.1f}M "
-          f"in label embeddings); weights on disk {bytes_on_disk(model, 4) / 1e9:.2f} GB in float32, "
+    in_rankers = sum(p.numel() for p in model.parts()["ranker"].parameters())
+    print(f"model: {parameters / 1e6:.1f}M parameters ({in_rankers / 1e6:.1f}M in the rankers below the "
+          f"recaller: label and node tables); weights on disk {bytes_on_disk(model, 4) / 1e9:.2f} GB in float32, "
           f"{bytes_on_disk(model, 2) / 1e9:.2f} GB in float16")
 
     batches = [np.arange(i, i + config.batch_size) for i in range(0, documents, config.batch_size)]
@@ -195,6 +201,8 @@ def run_preset(preset: str, args, model_dir: Path) -> None:
     del trainer, model
 
     # last, so that the peak memory above is the model's and the steps'
+    if not args.cluster_docs:
+        return
     started = time.perf_counter()
     features, labels = synthetic.generate_matrices(shape, args.cluster_docs, seed=args.seed)
     print(f"synthetic data: {args.cluster_docs:,} documents in {time.perf_counter() - started:.1f} s")
@@ -221,7 +229,10 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=3, help="timed training batches (after one warm-up)")
     parser.add_argument("--predict-batch", type=int, default=32, help="the large prediction batch")
     parser.add_argument("--predict-docs", type=int, default=64, help="documents predicted at each batch size")
-    parser.add_argument("--cluster-docs", type=int, default=100_000, help="synthetic documents for clustering")
+    parser.add_argument("--cluster-docs", type=int, default=100_000,
+                        help="synthetic documents for clustering (0: do not time the clustering)")
+    parser.add_argument("--method", action="append", choices=["lightxml", "cascade"],
+                        help="repeatable [default: lightxml]; cascade needs the xmcbench-cascade package")
     parser.add_argument("--dense-embedding", action="store_true",
                         help="also time steps with a dense AdamW update of the whole label-embedding table")
     parser.add_argument("--seed", type=int, default=0)
@@ -229,7 +240,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         model_dir = bert_base_folder(Path(directory))
         for preset in args.preset or ["wiki500k", "amazon670k"]:
-            run_preset(preset, args, model_dir)
+            for method in args.method or ["lightxml"]:
+                run_preset(preset, method, args, model_dir)
 
 
 if __name__ == "__main__":
