@@ -106,9 +106,8 @@ def config_command(method: str = typer.Argument(...), dataset: Optional[str] = D
     """Print the fully resolved configuration of a run without running it: every setting, and for a dataset
     without a preset, the settings derived from its statistics with what each follows from."""
     reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size)
-    plan = plan_with_reading(build_registry(), reading, method, dataset, config_file, list(set_options or []), seed,
-                             data_dir)
-    typer.echo(json.dumps(describe_plan(plan), indent=2))
+    typer.echo(json.dumps(api.resolved_config(method, dataset, seed=seed, reading=reading, config_file=config_file,
+                                              data_dir=data_dir, set_options=list(set_options or [])), indent=2))
 
 
 def format_options(data_format: str | None, text_column: str | None, label_column: str | None,
@@ -116,23 +115,6 @@ def format_options(data_format: str | None, text_column: str | None, label_colum
     """The reading options of a --dataset path, as one FormatOptions."""
     return FormatOptions(format_name=data_format, text_column=text_column, label_column=label_column,
                          label_separator=label_separator, id_column=id_column, test_size=test_size)
-
-
-def plan_with_reading(registry, reading: FormatOptions, method: str, dataset: str | None, config_file: Path | None,
-                      set_options: list[str], seed: int | None, data_dir: Path | None) -> runner.Plan:
-    """runner.plan_run, with the dataset read first when reading options are given; the plan keeps it, so the
-    run reads it with those options (their values are part of the dataset's version)."""
-    loaded = None
-    if reading != FormatOptions():
-        loaded = runner.open_dataset(registry, dataset or runner.default_dataset(registry), data_dir, reading)
-    plan = runner.plan_run(registry, method, dataset, config_file, set_options, seed, data_dir, loaded=loaded)
-    plan.loaded = plan.loaded or loaded
-    plan.reading = reading   # config.json records it, so --resume, evaluate and rescore read the path alike
-    return plan
-
-
-def describe_plan(plan: runner.Plan) -> dict:
-    return {"method": plan.method, "dataset": plan.dataset, **plan.config.to_dict(), **plan.describe()}
 
 
 @app.command("predict")
