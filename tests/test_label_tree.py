@@ -94,7 +94,7 @@ def test_lightxmls_methods_run_in_a_deeper_tree(method, tiny_model_dir, tiny_dat
     plan = runner.plan_run(registry, method, str(tiny_dataset), set_options=[
         f"model_name={tiny_model_dir}", "pretrained_weights=false", "num_layers=2", "hidden_size=8",
         "max_length=16", "threads=1", "epochs=1", "refit_epochs=1", "num_clusters=4", "tree_levels=2",
-        "level_top=1", "top_clusters=2"])
+        "level_top=2", "top_clusters=3", "validation_size=8"])   # more leaf clusters kept than the recaller has nodes
     run = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     metrics = json.loads((run / "metrics.json").read_text())
     assert 0 <= metrics["P@1"] <= 100 and "coverage" in " ".join(metrics)

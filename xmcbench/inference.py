@@ -71,7 +71,7 @@ def predict(model: XMCModel, tokens: TokenizedTexts, config: TrainConfig, device
     model.to(device)
     outputs = [Output((config.top_k,), np.int64, -1), Output((config.top_k,), np.float32, -1.0)]
     if not model.is_flat:
-        outputs.append(Output((min(config.top_clusters, model.recaller.num_clusters),), np.int64, 0))
+        outputs.append(Output((min(config.top_clusters, model.clusters.num_clusters),), np.int64, 0))   # leaf clusters
 
     def top(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         (labels, scores), recalled = model.predict_top(input_ids, attention_mask, config.top_clusters, config.top_k)
