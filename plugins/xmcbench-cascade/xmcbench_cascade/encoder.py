@@ -76,6 +76,9 @@ class TransformerLevelsEncoder(Encoder):
         super().__init__()
         self.transformer, model_config, self.tokenizer, self.loaded_dtype = load_transformer(model_name,
                                                                                              pretrained_weights)
+        if self.tokenizer.padding_side == "left" or model_config.model_type == "xlnet":
+            raise XmcError(f"transformer-levels reads the first token's state ([CLS]), which {model_name!r} does not "
+                           "put first; use a BERT-style encoder (BERT, RoBERTa, MiniLM), as CascadeXML does")
         depth = model_config.num_hidden_layers
         self.layers = parse_level_layers(level_layers, num_levels, depth) if level_layers else \
             derived_level_layers(num_levels, depth)
