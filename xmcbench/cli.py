@@ -27,7 +27,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 DatasetOption = typer.Option(None, "--dataset", "-d",
                              help=f"registered dataset name, or a folder or file in a data format "
                                   f"(`xmcbench formats`, docs/data-formats.md) "
-                                  f"[default: the one `xmcbench datasets` marks as default]")
+                                  "[default: the one `xmcbench datasets` marks as default]")
 SetOption = typer.Option(None, "--set", "-s", help="override a setting, key=value (repeatable)")
 ConfigOption = typer.Option(None, "--config", help="TOML or JSON file of settings")
 DataDirOption = typer.Option(None, "--data-dir", help="folder holding user-provided datasets "
