@@ -71,6 +71,9 @@ def test_a_dataset_without_preset_gets_the_derived_tree(tiny_model, dataset):
     plan = runner.plan_run(build_registry(), "cascade", str(dataset), set_options=[f"model_name={tiny_model}"])
     assert plan.derived["num_clusters"].value == 1 and plan.config.tree_levels == ()
     assert "tree_levels" in plan.derived and plan.config.encoder == "transformer-levels"
+    # the paper's head_lr 1e-3 goes with its presets' 15 epochs; the derived epochs come with the derived rate
+    assert "head_lr" in plan.derived and plan.config.head_lr == plan.derived["head_lr"].value == 1e-2
+    assert all(preset["head_lr"] == 1e-3 and preset["epochs"] == 15 for preset in PRESETS.values())
 
 
 @pytest.mark.slow

@@ -16,6 +16,11 @@ defaults):
 - layers per level: [CLS] of layers 5-6, 8, 10, 12 for four levels, 7-8, 10, 12 for three
   (src/CascadeXML.py:75-80) -> derived by transformer-levels from the encoder's depth.
 - encoder: bert-base-uncased (src/main.py:144); no SWA, no validation split in the published code.
+
+The heads' learning rate 1e-3 belongs with the presets' 15 epochs: a dataset without a preset trains for the
+epochs the core derives (3 to 10) and so also takes the core's derived head_lr (1e-2). On a 5,000-document cut
+of debian-builddeps (length 64, seed 0), cascade's validation P@5 after epochs 1-3 was 27.7, 38.7, 44.4 at 1e-3
+and 43.6, 48.6, 49.2 at 1e-2 (LightXML's: 37.8, 49.0, 50.1).
 """
 
 from __future__ import annotations
@@ -38,7 +43,6 @@ CASCADE_DEFAULTS = {
     "cluster_size": LEAF_SIZE,
     "dropout": 0.3,
     "lr": 1e-4,
-    "head_lr": 1e-3,
     "weight_decay": 0.05,
 }
 
