@@ -208,6 +208,17 @@ def run_dirs(registry, dataset_dir, tmp_path_factory) -> list[Path]:
                        log=lambda line: None) for seed in (0, 1)]
 
 
+@pytest.mark.skipif(not runner.PEAK_RSS_RESET.exists(), reason="restarting the peak needs Linux's clear_refs")
+def test_a_run_reports_its_own_memory_peak_not_the_process_lifetime(registry, dataset_dir, tmp_path):
+    # as in `compare`: something before the run (here 400 MB, freed again) peaked far above what the run needs
+    block = np.ones(400 * 2**20 // 8)
+    earlier_peak = runner.peak_memory_mb(runner.torch.device("cpu"))["peak_rss_mb"]
+    del block
+    run_dir = runner.run(plan(registry, dataset_dir), tmp_path / "run", registry=registry, log=lambda line: None)
+    peak = json.loads((run_dir / "timings.json").read_text())["peak_rss_mb"]
+    assert 0 < peak < earlier_peak - 300
+
+
 def test_a_run_writes_the_run_directory_of_any_method(run_dirs, registry, dataset_dir):
     run_dir = run_dirs[0]
     for name in ("config.json", "environment.json", "timings.json", "metrics.json", "data_report.json",

@@ -401,8 +401,31 @@ def environment(packages: tuple[str, ...] = ()) -> dict:
             "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
+PEAK_RSS_RESET = Path("/proc/self/clear_refs")   # Linux: writing 5 restarts VmHWM from the memory in use now
+PROCESS_STATUS = Path("/proc/self/status")
+
+
+def reset_peak_memory() -> None:
+    """Start a run's memory peaks from what the process holds now: `compare` trains its runs one after another
+    in one process, and without the reset every run would report the largest peak of the runs before it."""
+    try:
+        PEAK_RSS_RESET.write_text("5")
+    except OSError:
+        pass   # not Linux: peak_memory_mb falls back to the process's lifetime peak
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(index)
+
+
 def peak_memory_mb(device: torch.device) -> dict:
-    memory = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    """The peak resident memory since reset_peak_memory (VmHWM; elsewhere the process's ru_maxrss), and on a
+    GPU the peak allocated by torch on `device`."""
+    try:
+        kilobytes = next(int(line.split()[1]) for line in PROCESS_STATUS.read_text().splitlines()
+                         if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, IndexError, ValueError):
+        kilobytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    memory = {"peak_rss_mb": kilobytes / 1024}
     if device.type == "cuda":
         memory["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     return memory
@@ -415,6 +438,7 @@ def run(plan: Plan, output: Path | None = None, data_dir: Path | None = None, ov
     resume=True continues the unfinished run in `output` from its last checkpoint (see plan_resume)."""
     registry = registry or build_registry()
     dist = from_environment()
+    reset_peak_memory()
     try:
         return _run(plan, output, data_dir, overwrite, registry, log, resume, dist)
     finally:
