@@ -100,6 +100,35 @@ def test_lightxmls_methods_run_in_a_deeper_tree(method, tiny_model_dir, tiny_dat
     assert 0 <= metrics["P@1"] <= 100 and "coverage" in " ".join(metrics)
 
 
+def test_a_level_top_given_for_derived_levels_waits_for_them(tiny_model_dir, tiny_dataset):
+    """A method that derives its tree: the user keeps the derived levels and sets only how many nodes each keeps."""
+    import types
+
+    from xmcbench.config import MethodSpec
+    from xmcbench.defaults import Derived
+    from xmcbench.hookspecs import hookimpl
+
+    lightxml_defaults = build_registry().method("lightxml").defaults
+
+    def derived_tree(statistics, device):
+        return {"num_clusters": Derived(4, "test", "test"), "tree_levels": Derived((2,), "test", "test")}
+
+    @hookimpl
+    def xmcbench_register_methods(registry):
+        registry.add_method(MethodSpec("deeper", "LightXML with a derived tree",
+                                       defaults=lightxml_defaults, derive=derived_tree))
+
+    plugin = types.ModuleType("deeper_plugin")
+    plugin.xmcbench_register_methods = xmcbench_register_methods
+    registry = build_registry(extra_plugins=[("deeper", plugin)])
+    options = [f"model_name={tiny_model_dir}", "pretrained_weights=false", "level_top=1"]
+    plan = runner.plan_run(registry, "deeper", str(tiny_dataset), set_options=options)
+    assert plan.config.tree_levels == (2,) and plan.config.level_top == (1,)
+    with pytest.raises(XmcError, match=r"level_top=1 must give one count per tree level \(0") as error:
+        runner.plan_run(registry, "lightxml", str(tiny_dataset), set_options=options)   # derives no levels
+    assert "\n" not in str(error.value)
+
+
 def test_the_core_names_no_method_that_uses_deeper_trees():
     from pathlib import Path
 

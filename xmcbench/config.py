@@ -88,8 +88,10 @@ class TrainConfig:
         config.validate("saved config")
         return config
 
-    def validate(self, source: str = "settings") -> None:
-        """Refuse a value outside its range in one line (SETTING_RANGES), before any data is read."""
+    def validate(self, source: str = "settings", tree_derived_later: bool = False) -> None:
+        """Refuse a value outside its range in one line (SETTING_RANGES), before any data is read.
+        tree_derived_later: the dataset's statistics have yet to derive tree_levels, so a level_top given for
+        the derived levels is checked once they are known."""
         # first: a deep eval_ks raises top_k, whose range error would not name the setting given
         if not self.eval_ks or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_TOP_K
                                    for k in self.eval_ks):
@@ -111,7 +113,7 @@ class TrainConfig:
         if any(n & (n - 1) for n in levels) or any(a >= b for a, b in zip(levels, levels[1:])):
             raise XmcError(f"{source}: tree_levels={format_ks(levels)} must be increasing powers of two, coarse "
                            "to fine, e.g. tree_levels=1024,8192")
-        if self.level_top and len(self.level_top) != len(levels):
+        if self.level_top and len(self.level_top) != len(levels) and not tree_derived_later:
             raise XmcError(f"{source}: level_top={format_ks(self.level_top)} must give one count per tree level "
                            f"({len(levels)}: tree_levels={format_ks(levels)}), or be empty")
         if self.num_clusters and self.num_clusters & (self.num_clusters - 1):
@@ -446,9 +448,10 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 
 def resolve_config(method: MethodSpec, dataset_name: str, config_file: Path | None = None,
-                   set_options: list[str] = (), derived: dict[str, Any] | None = None) -> TrainConfig:
+                   set_options: list[str] = (), derived: dict[str, Any] | None = None,
+                   tree_derived_later: bool = False) -> TrainConfig:
     """derived: settings derived from the dataset (xmcbench.defaults), for datasets without a preset; they
-    sit above TrainConfig's defaults and below everything else."""
+    sit above TrainConfig's defaults and below everything else. tree_derived_later: see TrainConfig.validate."""
     config = apply_overrides(TrainConfig(), derived or {}, "settings derived from the dataset")
     config = apply_overrides(config, method.defaults, f"method {method.name!r}")
     config = apply_overrides(config, method.presets.get(dataset_name, {}),
@@ -461,5 +464,6 @@ def resolve_config(method: MethodSpec, dataset_name: str, config_file: Path | No
     config = apply_overrides(config, parse_set_options(list(set_options)), "--set")
     if "top_k" not in given:   # predictions must reach the deepest cut-off: eval_ks=1,3,5,100 keeps the top 100
         config.top_k = max(config.top_k, max(config.eval_ks, default=1))
-    config.validate()   # a top_k the user gave below max(eval_ks) is refused, not raised behind their back
+    # a top_k the user gave below max(eval_ks) is refused, not raised behind their back
+    config.validate(tree_derived_later=tree_derived_later)
     return config

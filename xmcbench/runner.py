@@ -94,10 +94,12 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
     check_dataset_name(registry, dataset)
     preset_key = preset_for(spec, dataset if dataset in registry.datasets else Path(dataset).name)
     options = list(set_options) + ([f"seed={seed}"] if seed is not None else [])
+    to_derive = preset_key not in spec.presets
     check_option_names(parse_set_options(options),
-                       declared_options(registry, spec, resolve_config(spec, preset_key, config_file)))
-    config = resolve_config(spec, preset_key, config_file, options)
-    check_settings(registry, config, spec)   # fail before any data is read
+                       declared_options(registry, spec, resolve_config(spec, preset_key, config_file,
+                                                                       tree_derived_later=to_derive)))
+    config = resolve_config(spec, preset_key, config_file, options, tree_derived_later=to_derive)
+    check_settings(registry, config, spec, tree_derived_later=to_derive)   # fail before any data is read
     if preset_key in spec.presets:
         return Plan(method, dataset, config, preset=preset_key)
     loaded = loaded or open_dataset(registry, dataset, data_dir)
@@ -145,10 +147,11 @@ def check_dataset_name(registry: Registry, name: str) -> None:
                        "the folder, or run from another folder for the registered dataset")
 
 
-def check_settings(registry: Registry, config: TrainConfig, spec: MethodSpec | None = None) -> None:
+def check_settings(registry: Registry, config: TrainConfig, spec: MethodSpec | None = None,
+                   tree_derived_later: bool = False) -> None:
     """Settings that can be checked without data: ranges, component names (not for a whole method, which
-    has none), loggers, device, storage dtype, selection metric."""
-    config.validate()
+    has none), loggers, device, storage dtype, selection metric (tree_derived_later: TrainConfig.validate)."""
+    config.validate(tree_derived_later=tree_derived_later)
     for kind in COMPONENT_KINDS if spec is None or spec.whole_method is None else ():
         if not getattr(config, kind):
             owner = f"the method {spec.name} names" if spec is not None else "the settings name"
