@@ -94,7 +94,7 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
     check_dataset_name(registry, dataset)
     preset_key = preset_for(spec, dataset if dataset in registry.datasets else Path(dataset).name)
     options = list(set_options) + ([f"seed={seed}"] if seed is not None else [])
-    to_derive = preset_key not in spec.presets
+    to_derive = preset_key not in spec.presets and spec.derive is not None   # only a method derives a tree
     check_option_names(parse_set_options(options),
                        declared_options(registry, spec, resolve_config(spec, preset_key, config_file,
                                                                        tree_derived_later=to_derive)))
