@@ -108,6 +108,14 @@ class Dataset:
     # train_texts / test_texts.
     train_features: sp.csr_matrix | None = None
     test_features: sp.csr_matrix | None = None
+    # One text per label of label_names (a label the files give no text keeps its name), or None: the dataset
+    # carries no label texts (label_texts.tsv in the raw-text layout, Y.txt / lbl.raw.txt in the XC repository's).
+    label_texts: list[str] | None = None
+    # (document, label) pairs removed from a method's predictions before scoring, as the Extreme Classification
+    # Repository's evaluation does with filter_labels_test.txt / filter_labels_train.txt (a label that is the
+    # document itself): (N_test, len(label_names)) and (N_train, len(label_names)) 0/1 csr, or None.
+    test_filter: sp.csr_matrix | None = None
+    train_filter: sp.csr_matrix | None = None
 
     def label_counts(self) -> np.ndarray:
         """Training documents per label: (len(label_names),) int64; test-only labels count 0."""

@@ -75,6 +75,44 @@ def tree_level_clusters(num_clusters: int, tree_levels: tuple[int, ...]) -> list
             for coarser, finer in zip(sizes, sizes[1:])]
 
 
+@dataclass(frozen=True)
+class LabelInfo:
+    """What a method may know of its labels, in label-id order (the model's vocabulary of L labels).
+
+    names:   (L,) the label names (as `predict` reports them).
+    texts:   (L,) one text per label (a label the dataset gives no text keeps its name), or None when the
+             dataset carries no label texts at all.
+    counts:  (L,) int64, the training documents of each label among the run's training rows (0: a label no
+             training document carries).
+    inverse_propensities: (L,) float64, 1 / p_l of the run's propensity model (Jain et al. 2016, counted on
+             every training document of the dataset), the weights of PSP@k.
+
+    A component factory or a whole method receives it when it declares a keyword-only parameter
+    `label_info` (see CONTRIBUTING.md); a saved model keeps it (model/label_info.json), so prediction needs no
+    dataset."""
+
+    names: tuple[str, ...]
+    texts: tuple[str, ...] | None
+    counts: np.ndarray
+    inverse_propensities: np.ndarray
+
+    def __post_init__(self) -> None:
+        size = len(self.names)
+        if self.texts is not None and len(self.texts) != size:
+            raise ValueError(f"LabelInfo has {size} names but {len(self.texts)} texts")
+        if np.shape(self.counts) != (size,) or np.shape(self.inverse_propensities) != (size,):
+            raise ValueError(f"LabelInfo has {size} names but counts of shape {np.shape(self.counts)} and "
+                             f"inverse_propensities of shape {np.shape(self.inverse_propensities)}")
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.names)
+
+    @property
+    def has_texts(self) -> bool:
+        return self.texts is not None
+
+
 @dataclass
 class Candidates:
     """What the ranker scores for each document.
