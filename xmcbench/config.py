@@ -45,6 +45,10 @@ class TrainConfig:
     tree_levels: tuple[int, ...] = ()
     level_top: tuple[int, ...] = ()   # nodes each tree level keeps for the next (empty: top_clusters at each)
     hidden_size: int = 300         # h: the ranker's bottleneck
+    # a label's final score from its ranker's probability p and its cluster's (a retriever's: its search score's)
+    # q: "product" p * q (LightXML), "weighted-sum" ranker_weight * p + (1 - ranker_weight) * q
+    score_combiner: str = "product"
+    ranker_weight: float = 0.5
     separate_ranker_encoder: bool = False   # the ranker reads a second encoder of its own
     # training
     epochs: int = 5
@@ -104,6 +108,9 @@ class TrainConfig:
             if (low is not None and value < low) or (high is not None and value > high):
                 bounds = f"at least {low}" if high is None else f"between {low} and {high}"
                 raise XmcError(f"{source}: {key}={value} is out of range; it must be {bounds}")
+        if self.score_combiner not in SCORE_COMBINERS:
+            raise XmcError(f"{source}: score_combiner={self.score_combiner!r} is not one of "
+                           f"{', '.join(SCORE_COMBINERS)}")
         if not 0.0 <= self.dropout < 1.0:
             raise XmcError(f"{source}: dropout={self.dropout:g} is out of range; it must be in [0, 1)")
         if self.top_k < max(self.eval_ks):
@@ -190,7 +197,13 @@ SETTING_RANGES: dict[str, tuple[float | None, float | None]] = {
     "checkpoint_every_steps": (0, None), "checkpoint_every_epochs": (0, None),
     "validation_size": (0, None), "patience": (0, None), "max_train_docs": (0, None),
     "threads": (0, 4096), "seed": (0, 2**32 - 1), "top_k": (METRIC_MAX_K, MAX_TOP_K),
-    "propensity_a": (0.0, 10.0), "propensity_b": (0.0, 1000.0),
+    "propensity_a": (0.0, 10.0), "propensity_b": (0.0, 1000.0), "ranker_weight": (0.0, 1.0),
+}
+# How a label's final score follows from its own probability p (its ranker's, (B, C)) and q, its leaf cluster's
+# (under a retriever: its own search score's), (B, C): f(p, q, ranker_weight) -> (B, C) (xmcbench.model).
+SCORE_COMBINERS = {
+    "product": lambda own, parent, weight: parent * own,   # LightXML, CascadeXML
+    "weighted-sum": lambda own, parent, weight: weight * own + (1.0 - weight) * parent,   # NGAME-style fusion
 }
 
 

@@ -5,16 +5,23 @@ document (padded), N texts, k labels kept per text.
 Components are `torch.nn.Module`s. They never move themselves to a device or choose a precision: the
 pipeline does (`model.to(device)`, autocast), so every buffer a component needs must be registered.
 
+What a factory may receive besides its positional arguments (see `call_factory`): a keyword-only parameter
+`label_info` gets the run's LabelInfo (names, texts, training counts, propensities), and a keyword-only
+parameter `encoder` (recallers, rankers, samplers) gets the method's encoder itself, so a component can embed
+label texts with the same weights (a dual encoder's towers): shared parameters are trained, saved and counted
+once. Recallers, rankers and samplers receive the training loop's lifecycle events (`LifecycleEvents`).
+
 A whole method (`WholeMethod`) is not built from components: a classic linear XMC method fits, saves,
 loads and predicts on its own, and the runner only hands it texts and labels.
 """
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import scipy.sparse as sp
@@ -113,6 +120,28 @@ class LabelInfo:
         return self.texts is not None
 
 
+# The keyword-only parameters a factory (or a whole method's fit and load) may declare to receive them.
+OFFERED_KEYWORDS = ("label_info", "encoder", "checkpoint_dir")
+
+
+def declared_keywords(function: Callable) -> set[str]:
+    """The keyword-only parameters of `function` (a factory, a class, a method) among OFFERED_KEYWORDS."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):   # a builtin without a signature declares nothing
+        return set()
+    return {p.name for p in parameters if p.kind is p.KEYWORD_ONLY and p.name in OFFERED_KEYWORDS}
+
+
+def call_factory(function: Callable, *args: Any, **keywords: Any) -> Any:
+    """function(*args, **keywords), where a keyword of OFFERED_KEYWORDS goes only to a function that declares it
+    as a keyword-only parameter (others, e.g. an encoder's exported parameters, always go): factories written
+    before a keyword was offered keep working unchanged, and an offered keyword never lands in a **kwargs."""
+    wanted = declared_keywords(function)
+    return function(*args, **{name: value for name, value in keywords.items()
+                               if name not in OFFERED_KEYWORDS or name in wanted})
+
+
 @dataclass
 class Candidates:
     """What the ranker scores for each document.
@@ -127,6 +156,112 @@ class Candidates:
     mask: torch.Tensor
     clusters: torch.Tensor
     targets: torch.Tensor | None = None
+
+
+@dataclass
+class StageContext:
+    """What a sampler may use when a training stage begins.
+
+    num_documents: N, the training documents (doc_index values are 0..N-1).
+    recalled_clusters(top) -> (N, top) long: each training document's top clusters under the current model
+        (computed in eval mode, without gradients): the clusters this sampler's candidates come from, which
+        are the recaller's, or, in a deeper tree, the nodes the level above this sampler's keeps.
+    """
+
+    stage: "Stage"           # xmcbench.config.Stage: its name, the parts it trains, the losses it counts
+    num_documents: int
+    recalled_clusters: Callable[[int], torch.Tensor]
+
+
+@dataclass
+class EpochContext:
+    """What a component may use when an epoch begins (`start_epoch`) or when training has ended (`finalize`).
+
+    Everything here is computed on demand, by the core's one sharded inference loop
+    (`xmcbench.inference.map_documents`: eval mode, no gradients, batches of similar length, shared among the
+    processes of a distributed run), so a component that asks for nothing costs nothing.
+
+    stage: the stage under way (at finalize: the last one); epoch: the 0-based epoch of that stage about to
+        begin (at finalize: None).
+    num_documents: N, the training documents (doc_index values are 0..N-1).
+    label_info: the run's LabelInfo (names, texts, training counts, inverse propensities).
+    document_embeddings() -> (N, D) float32: the encoder's representation of every training document.
+    label_embeddings() -> (L, D) float32: the encoder's representation of every label's text (LabelInfo.texts,
+        tokenized as the documents are; the label names when the dataset has no label texts).
+    map_documents(function, dim) / map_labels(function, dim) -> (N, dim) / (L, dim) float32: any
+        function(input_ids (B, T), attention_mask (B, T)) -> (B, dim) over the training documents or the label
+        texts (e.g. a tower of the component's own).
+    recalled_clusters(top) -> (N, top) long: as StageContext's.
+    """
+
+    stage: "Stage"
+    epoch: int | None
+    num_documents: int
+    label_info: LabelInfo | None
+    map_documents: Callable[[Callable, int], torch.Tensor]
+    map_labels: Callable[[Callable, int], torch.Tensor]
+    recalled_clusters: Callable[[int], torch.Tensor]
+    encoder: "Encoder"
+    cache: dict = field(default_factory=dict, repr=False)   # shared by the copies one event hands out
+
+    def document_embeddings(self) -> torch.Tensor:
+        """(N, D) float32, computed once per event."""
+        if "documents" not in self.cache:
+            self.cache["documents"] = self.map_documents(self.encoder, self.encoder.out_dim)
+        return self.cache["documents"]
+
+    def label_embeddings(self) -> torch.Tensor:
+        """(L, D) float32, computed once per event."""
+        if "labels" not in self.cache:
+            self.cache["labels"] = self.map_labels(self.encoder, self.encoder.out_dim)
+        return self.cache["labels"]
+
+
+class LifecycleEvents:
+    """Events the training loop announces to the recaller, the rankers and the samplers; each does nothing
+    unless a component overrides it (and one that does not is never asked to compute anything).
+
+    start_stage(StageContext)  a training stage begins (not when a checkpoint resumes inside it).
+    start_epoch(EpochContext)  an epoch begins (not when a checkpoint resumes inside it): e.g. mine hard
+                               negatives from the current model's document and label embeddings.
+    finalize(EpochContext)     training has ended and the final weights are in place (the SWA average, the
+                               selected epoch), before the test set is predicted and the model saved: e.g.
+                               build a label index.
+    training_state() / load_training_state(state): what the component keeps between these events beyond its
+        weights (e.g. negatives mined at an epoch's start), a dict of tensors that checkpoints carry, so a run
+        resumed inside an epoch continues exactly. Not part of the saved model: state a prediction needs
+        belongs in registered buffers (weights.safetensors) or in save_files.
+    save_files(directory) / load_files(directory): files of the saved model beyond its tensors (e.g. an
+        approximate-nearest-neighbour index in its library's own format, never a pickle), written into and
+        read from the model folder's `components/<part>/` (which the model's checksums cover).
+    """
+
+    def start_stage(self, context: StageContext) -> None:
+        """Called when a training stage begins (not when a checkpoint resumes inside one)."""
+
+    def start_epoch(self, context: EpochContext) -> None:
+        """Called when an epoch begins (not when a checkpoint resumes inside one)."""
+
+    def finalize(self, context: EpochContext) -> None:
+        """Called once training has ended, with the final weights, before prediction and saving."""
+
+    def training_state(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_training_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore what training_state returned."""
+
+    def save_files(self, directory: Path) -> None:
+        """Write the saved model's files of this component into `directory` (it exists and is empty)."""
+
+    def load_files(self, directory: Path) -> None:
+        """Read what save_files wrote (called after the weights are loaded)."""
+
+
+def overrides(component: object, event: str) -> bool:
+    """Whether `component` implements lifecycle event `event` itself (the core computes an event's context
+    only for components that do)."""
+    return getattr(type(component), event, None) is not getattr(LifecycleEvents, event)
 
 
 class Encoder(nn.Module, ABC):
@@ -155,7 +290,7 @@ class Encoder(nn.Module, ABC):
         the pipeline saves as safetensors) and return the factory parameters that rebuild it from there."""
 
 
-class Recaller(nn.Module, ABC):
+class Recaller(nn.Module, LifecycleEvents, ABC):
     """Representation (B, D) -> cluster logits (B, K)."""
 
     num_clusters: int
@@ -169,22 +304,24 @@ class Recaller(nn.Module, ABC):
         return nn.functional.binary_cross_entropy_with_logits(logits.float(), cluster_targets)
 
 
-@dataclass
-class StageContext:
-    """What a sampler may use when a training stage begins.
+class Retriever(Recaller):
+    """A recaller over the labels themselves (one label per cluster, num_clusters = L) that finds a document's
+    best labels by nearest-neighbour search over label embeddings: the alternative to a recaller scoring label
+    clusters. Prediction asks `search` for the top labels, never for a (B, L) score matrix; with a ranker the
+    model scores those labels again (the ranker's candidates), without one the search scores are the result.
 
-    num_documents: N, the training documents (doc_index values are 0..N-1).
-    recalled_clusters(top) -> (N, top) long: each training document's top clusters under the current model
-        (computed in eval mode, without gradients): the clusters this sampler's candidates come from, which
-        are the recaller's, or, in a deeper tree, the nodes the level above this sampler's keeps.
-    """
+    forward(representation) -> (B, L) logits is the exact score of every label: it is called in training when
+    the stage counts the recall loss or the sampler reads recall logits, so a retriever over millions of labels
+    trains with a sampler that does not (Sampler.reads_recall_logits = False). Build the index in `finalize`
+    (and refresh it in `start_epoch` if training reads it); keep it in registered buffers or `save_files`."""
 
-    stage: "Stage"           # xmcbench.config.Stage: its name, the parts it trains, the losses it counts
-    num_documents: int
-    recalled_clusters: Callable[[int], torch.Tensor]
+    def search(self, representation: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, D) -> (labels (B, top) long, logits (B, top) float), best first. Default: exact, over forward."""
+        logits, labels = self(representation).float().topk(min(top, self.num_clusters), dim=1)
+        return labels, logits
 
 
-class Sampler(nn.Module, ABC):
+class Sampler(nn.Module, LifecycleEvents, ABC):
     """Training only: decides which candidate labels the ranker sees, and their 0/1 targets.
 
     Contract: every positive label of a document is among its candidates, exactly once.
@@ -192,32 +329,44 @@ class Sampler(nn.Module, ABC):
     config.top_clusters set to the nodes that level keeps; its "labels" are that level's nodes, its
     "clusters" their parents, its recall_logits the level above's logits over all its nodes (the lowest
     float where the level above scored none), its positives the ancestors of the positive labels there.
-    Samplers that keep per-document state (e.g. frozen candidates) fill it in `start_stage` and expose it
-    through `training_state`/`load_training_state`, so checkpoints carry it; it is not part of the model.
+    Samplers that keep per-document state (e.g. frozen candidates) fill it in `start_stage` or `start_epoch`
+    and expose it through `training_state`/`load_training_state`, so checkpoints carry it; it is not part of
+    the model.
+
+    reads_recall_logits: False for a sampler that never looks at recall_logits (e.g. one that draws its
+    negatives from a label index it mined at an epoch's start); with a Retriever as the recaller and a stage
+    that does not count the recall loss, the model then passes recall_logits=None instead of scoring every
+    label.
     """
 
-    def start_stage(self, context: StageContext) -> None:
-        """Called when a training stage begins (not when a checkpoint resumes inside one)."""
-
-    def training_state(self) -> dict[str, torch.Tensor]:
-        return {}
-
-    def load_training_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Restore what training_state returned."""
+    reads_recall_logits: bool = True
 
     @abstractmethod
-    def forward(self, recall_logits: torch.Tensor, positives: torch.Tensor, clusters: LabelClusters,
+    def forward(self, recall_logits: torch.Tensor | None, positives: torch.Tensor, clusters: LabelClusters,
                 doc_index: torch.Tensor) -> Candidates:
         """recall_logits (B, K) detached; positives (B, P) label ids padded with -1; doc_index (B,) the
         documents' row numbers in the training set (for samplers that remember per-document state)."""
 
 
-class Ranker(nn.Module, ABC):
-    """Representation (B, D) and candidate label ids (B, C) -> logits (B, C)."""
+class Ranker(nn.Module, LifecycleEvents, ABC):
+    """Representation (B, D) and candidate label ids (B, C) -> logits (B, C).
+
+    loss: how the logits of a batch's candidates are trained (binary cross-entropy by default; a contrastive
+    ranker overrides it, e.g. a softmax over each document's candidates)."""
 
     @abstractmethod
     def forward(self, representation: torch.Tensor, candidate_labels: torch.Tensor) -> torch.Tensor:
         """(B, D), (B, C) long -> (B, C) logits."""
+
+    def loss(self, logits: torch.Tensor, candidates: Candidates) -> torch.Tensor:
+        """(B, C) logits of `candidates` (their targets (B, C) 0/1, their mask (B, C) True for real ones) -> a
+        scalar: the mean over real candidates of the binary cross-entropy."""
+        per_candidate = nn.functional.binary_cross_entropy_with_logits(logits.float(), candidates.targets,
+                                                                       reduction="none")
+        real = candidates.mask.float()
+        # the mean over real candidates as a weighted sum: a boolean-mask selection would make the host wait
+        # for the device to learn its size
+        return (per_candidate * real).sum() / real.sum().clamp_min(1.0)
 
 
 class WholeMethod(ABC):
@@ -234,10 +383,20 @@ class WholeMethod(ABC):
     free of pickle (JSON, numpy/scipy `.npz` without object arrays, safetensors, or a backend's own
     non-pickle format) and refers to nothing outside its folder; mistakes a user can make (a missing
     backend, an option out of range) raise `xmcbench.errors.XmcError` with one line.
+
+    Optional keyword-only parameters of `fit` / `fit_features` (the runner passes those declared):
+    `label_info` (the run's LabelInfo: names, texts, training counts, propensities; `load` may declare it too,
+    and receives the saved one) and `checkpoint_dir` (a folder that survives an interruption: a method that
+    declares it saves its progress there and continues from what it finds, so `xmcbench run --resume`
+    continues it; a method that does not is refused --resume in one line instead of being fitted again).
+    `config.device` is the device the run resolved for it (a type of `devices`), recorded in config.json.
     """
 
     #: distributions (pip names) whose versions a run records in environment.json, e.g. ("napkinxc",)
     packages: tuple[str, ...] = ()
+    #: the torch device types the method can compute on; a run takes the first the machine has ("auto"), or
+    #: the one --set device names, which must be among them
+    devices: tuple[str, ...] = ("cpu",)
     #: False when the backend cannot be seeded, so that the same seed need not give the same model (a run
     #: records it in config.json, and the conformance suite then skips its determinism check)
     deterministic: bool = True

@@ -7,9 +7,15 @@ recaller scores the children of the nodes the level above kept, with a ranker, o
 chooses during training. Training loss L = BCE(recall logits, targets of the recaller's nodes) + the sum over
 the levels below of BCE(their logits, their candidates' targets); gradients of every term reach the encoder.
 Each level keeps its nodes of highest probability (sigmoid of their logits) and scores their children; a
-label's final score is its probability times its leaf cluster's (CascadeXML's scoring, which for LightXML is
-sigmoid(recall logit of the label's cluster) * sigmoid(rank logit)). With one label per cluster (flat) the
-recaller scores every label and there is no level below it.
+label's final score combines its probability with its leaf cluster's (config.score_combiner): by default their
+product (CascadeXML's scoring, which for LightXML is sigmoid(recall logit of the label's cluster) *
+sigmoid(rank logit)). With one label per cluster (flat) the recaller scores every label and there is no level
+below it.
+
+A ranker may replace the binary cross-entropy with its own loss (Ranker.loss). A recaller that is a Retriever
+(one "cluster" per label, found by nearest-neighbour search over label embeddings) is asked for its top labels
+by `search` at prediction time instead of scoring all of them; with a ranker and a sampler it also works as a
+shortlist for them, with one label per cluster.
 """
 
 from __future__ import annotations
@@ -20,9 +26,9 @@ import torch
 from torch import nn
 
 from xmcbench.candidates import expand_clusters, unique_per_row
-from xmcbench.config import JOINT_TRAINING, Stage
+from xmcbench.config import JOINT_TRAINING, SCORE_COMBINERS, Stage
 from xmcbench.errors import XmcError
-from xmcbench.interfaces import Encoder, LabelClusters, Ranker, Recaller, Sampler
+from xmcbench.interfaces import Encoder, LabelClusters, Ranker, Recaller, Retriever, Sampler
 
 
 class TreeLevel(nn.Module):
@@ -61,19 +67,32 @@ class XMCModel(nn.Module):
     levels: the TreeLevels between the recaller's nodes and the leaf clusters, coarse to fine (none for
     LightXML). The encoder feeds every level the same (B, D) representation, or, when it declares
     `level_dims` (one size per scoring level: recaller, each tree level, labels), level j reads its own
-    slice of it."""
+    slice of it.
+    score_combiner, ranker_weight: how a label's final score follows from its own probability p and its leaf
+    cluster's (or, under a retriever, its own search score's) probability q: "product" p * q, "weighted-sum"
+    ranker_weight * p + (1 - ranker_weight) * q (xmcbench.config.SCORE_COMBINERS)."""
 
     def __init__(self, encoder: Encoder, recaller: Recaller, ranker: Ranker | None, sampler: Sampler | None,
                  clusters: LabelClusters, ranker_encoder: Encoder | None = None,
-                 levels: tuple[TreeLevel, ...] = ()) -> None:
+                 levels: tuple[TreeLevel, ...] = (), score_combiner: str = "product",
+                 ranker_weight: float = 0.5) -> None:
         super().__init__()
         self.encoder, self.recaller, self.ranker, self.sampler = encoder, recaller, ranker, sampler
         self.ranker_encoder = ranker_encoder
         self.register_buffer("label_cluster", clusters.label_cluster.clone())
         self.register_buffer("cluster_labels", clusters.cluster_labels.clone())
-        self.is_flat = clusters.is_flat
-        if not self.is_flat and (ranker is None or sampler is None):
+        # flat: the recaller's scores are the labels' and nothing is below it (a retriever with a ranker is not)
+        self.is_flat = clusters.is_flat and ranker is None
+        if not clusters.is_flat and (ranker is None or sampler is None):
             raise XmcError("label clusters hold several labels each, so the method needs a ranker and a sampler")
+        if (ranker is None) != (sampler is None):
+            raise XmcError("a ranker is trained on the candidates a sampler chooses: name both, or neither")
+        if levels and isinstance(recaller, Retriever):
+            raise XmcError(f"the recaller {type(recaller).__name__} is a retriever over labels, which has no "
+                           "clusters to build tree levels on; drop tree_levels")
+        self.score_combiner, self.ranker_weight = score_combiner, ranker_weight
+        if score_combiner not in SCORE_COMBINERS:
+            raise XmcError(f"score_combiner={score_combiner!r} is not one of {', '.join(SCORE_COMBINERS)}")
         if levels:
             self.levels = nn.ModuleList(levels)   # absent when empty, so a LightXML model's names stay its own
         level_dims = getattr(encoder, "level_dims", None)
@@ -90,6 +109,32 @@ class XMCModel(nn.Module):
     @property
     def clusters(self) -> LabelClusters:
         return LabelClusters(self.label_cluster, self.cluster_labels)
+
+    @property
+    def is_retriever(self) -> bool:
+        return isinstance(self.recaller, Retriever)
+
+    def components(self) -> list[tuple[str, nn.Module, int]]:
+        """(name, component, depth) of the components that receive lifecycle events
+        (xmcbench.interfaces.LifecycleEvents), top of the tree first: "recaller" (depth 0), "level{d}.ranker" and
+        "level{d}.sampler" of the tree levels, "ranker" and "sampler" of the labels. depth: the scoring level
+        whose nodes the component's candidates come from (a StageContext's recalled_clusters reads it)."""
+        named = [("recaller", self.recaller, 0)]
+        for depth, level in enumerate(self.tree_levels):
+            named += [(f"level{depth + 1}.ranker", level.ranker, depth), (f"level{depth + 1}.sampler", level.sampler, depth)]
+        named += [("ranker", self.ranker, len(self.tree_levels)), ("sampler", self.sampler, len(self.tree_levels))]
+        return [(name, part, depth) for name, part, depth in named if part is not None]
+
+    def part_parameters(self) -> dict[str, list[nn.Parameter]]:
+        """The parameters of each trainable part (parts()), each parameter under the first part holding it: a
+        component that shares the encoder (it received it through its factory) does not own the encoder's
+        parameters, so a stage that freezes the encoder freezes them wherever they are used."""
+        seen: set[int] = set()
+        owned = {}
+        for name, part in self.parts().items():
+            owned[name] = [parameter for parameter in part.parameters() if id(parameter) not in seen]
+            seen.update(id(parameter) for parameter in owned[name])
+        return owned
 
     def parts(self) -> dict[str, nn.Module]:
         """The trainable parts by name (see config.TRAINABLE_PARTS); absent ones are left out. "ranker" is
@@ -145,7 +190,10 @@ class XMCModel(nn.Module):
             with torch.set_grad_enabled("encoder" in stage.trains and torch.is_grad_enabled()):
                 representation = self.encoder(input_ids, attention_mask)      # (B, D)
         inputs = self.level_inputs(representation)
-        recall_logits = self.recaller(inputs[0])                             # (B, K)
+        # a retriever's recall logits score every label: computed only when the loss or the sampler reads them
+        needs_recall_logits = "recall" in stage.losses or not self.is_retriever or (
+            "rank" in stage.losses and self.sampler is not None and self.sampler.reads_recall_logits)
+        recall_logits = self.recaller(inputs[0]) if needs_recall_logits else None     # (B, K)
         losses, counts = {}, {}
         if "recall" in stage.losses:
             # a scatter, not boolean-mask indexing: no output size that depends on the data, so no wait for
@@ -162,21 +210,16 @@ class XMCModel(nn.Module):
                     with torch.set_grad_enabled("ranker_encoder" in stage.trains and torch.is_grad_enabled()):
                         label_representation = self.ranker_encoder(input_ids, attention_mask)
                 label_representation = self.level_inputs(label_representation)[-1]
-            parent_logits = recall_logits.detach()
+            parent_logits = None if recall_logits is None else recall_logits.detach()
             scorers = self._scorers(inputs, label_representation)
             for depth, scorer in enumerate(scorers):
                 last = depth == len(scorers) - 1
                 level_positives = positives if last else self._distinct_nodes(positives, depth + 1)
                 candidates = scorer.sampler(parent_logits, level_positives, scorer.clusters, doc_index)
                 logits = scorer.ranker(scorer.representation, candidates.labels)          # (B, C)
-                # the mean over real candidates as a weighted sum: a boolean-mask selection would make the
-                # host wait for the device to learn its size
-                per_candidate = nn.functional.binary_cross_entropy_with_logits(
-                    logits.float(), candidates.targets, reduction="none")
-                real = candidates.mask.float()
                 name = "rank" if last else f"rank:{depth + 1}"
-                counts[name] = real.sum()
-                losses[name] = (per_candidate * real).sum() / counts[name].clamp_min(1.0)
+                counts[name] = candidates.mask.float().sum()
+                losses[name] = scorer.ranker.loss(logits, candidates)
                 if not last:   # the next level's sampler reads this level's logits over all its nodes
                     lowest = torch.finfo(torch.float32).min
                     parent_logits = torch.full((len(logits), scorer.clusters.num_labels), lowest,
@@ -211,14 +254,20 @@ class XMCModel(nn.Module):
         probability times its parent's. Returns (candidates, scores (B, C) with -1 where masked, kept parents)
         of the labels, or with depth = d the (B, top_clusters) best nodes of scoring level d (0: the recaller's)."""
         inputs = self.level_inputs(self.encoder(input_ids, attention_mask))
-        probabilities = torch.sigmoid(self.recaller(inputs[0]).float())   # (B, nodes of the level), -1 unscored
+        probabilities = None   # (B, nodes of the level), -1 unscored; a retriever's top level is searched instead
+        if not self.is_retriever:
+            probabilities = torch.sigmoid(self.recaller(inputs[0]).float())
         label_representation = None
         if self.ranker_encoder is not None and depth is None:
             label_representation = self.level_inputs(self.ranker_encoder(input_ids, attention_mask))[-1]
         scorers = self._scorers(inputs, label_representation)
         for level, scorer in enumerate(scorers):
             keep = top_clusters if level == depth else scorer.keep or top_clusters
-            kept_probabilities, kept = probabilities.topk(min(keep, probabilities.shape[1]), dim=1)
+            if probabilities is None:
+                kept, kept_logits = self.recaller.search(inputs[0], keep)
+                kept_probabilities = torch.sigmoid(kept_logits.float())
+            else:
+                kept_probabilities, kept = probabilities.topk(min(keep, probabilities.shape[1]), dim=1)
             if level == depth:
                 return kept
             candidates = expand_clusters(kept, kept_probabilities >= 0, scorer.clusters)
@@ -227,7 +276,11 @@ class XMCModel(nn.Module):
                 probabilities = torch.full((len(own), scorer.clusters.num_labels), -1.0, device=own.device
                                            ).scatter_reduce(1, candidates.labels,
                                                             torch.where(candidates.mask, own, -1.0), reduce="amax")
-        scores = torch.where(candidates.mask, probabilities.gather(1, candidates.clusters) * own, -1.0)
+        # each candidate's parent probability: candidates come cluster by cluster, in the order of `kept`
+        width = scorer.clusters.cluster_labels.shape[1]
+        parent = kept_probabilities.repeat_interleave(width, dim=1)                  # (B, C)
+        combined = SCORE_COMBINERS[self.score_combiner](own, parent, self.ranker_weight)
+        scores = torch.where(candidates.mask, combined, -1.0)
         return candidates, scores, kept
 
     @torch.no_grad()
@@ -236,8 +289,10 @@ class XMCModel(nn.Module):
         reaches: by recall logit at the recaller's level, by probability below it (the descent of predict_top,
         whose leaf level keeps `top`)."""
         if depth == 0:
-            return self.recaller(self.level_inputs(self.encoder(input_ids, attention_mask))[0]).float().topk(
-                min(top, self.recaller.num_clusters), dim=1).indices
+            representation = self.level_inputs(self.encoder(input_ids, attention_mask))[0]
+            if self.is_retriever:
+                return self.recaller.search(representation, top)[0]
+            return self.recaller(representation).float().topk(min(top, self.recaller.num_clusters), dim=1).indices
         return self._descend(input_ids, attention_mask, top, depth)
 
     @torch.no_grad()
@@ -245,8 +300,11 @@ class XMCModel(nn.Module):
         """(B, T) ids and mask -> labels (B, k) long (-1 where a document has fewer than k candidates),
         scores (B, k) float, recalled leaf clusters (B, b) long (None when flat)."""
         if self.is_flat:
-            recall_scores = torch.sigmoid(self.recaller(
-                self.level_inputs(self.encoder(input_ids, attention_mask))[0]).float())
+            representation = self.level_inputs(self.encoder(input_ids, attention_mask))[0]
+            if self.is_retriever:
+                labels, logits = self.recaller.search(representation, top_k)
+                return _pad_right(labels, torch.sigmoid(logits.float()), top_k), None
+            recall_scores = torch.sigmoid(self.recaller(representation).float())
             scores, labels = recall_scores.topk(min(top_k, recall_scores.shape[1]), dim=1)
             return _pad_right(labels, scores, top_k), None
         candidates, scores, recalled = self._descend(input_ids, attention_mask, top_clusters)
@@ -257,13 +315,6 @@ class XMCModel(nn.Module):
     def nodes_at(self, depth: int) -> int:
         """The number of nodes of scoring level `depth` (0: the recaller's; the last: the leaf clusters)."""
         return self.recaller.num_clusters if depth == 0 else self.tree_levels[depth - 1].clusters.num_labels
-
-    def samplers(self) -> list[tuple[int, Sampler]]:
-        """(depth of the level its candidates come from, sampler) for every sampler, coarse to fine."""
-        if self.is_flat:
-            return []
-        return [(depth, level.sampler) for depth, level in enumerate(self.tree_levels)] + \
-            [(len(self.tree_levels), self.sampler)]
 
 
 def _pad_right(labels: torch.Tensor, scores: torch.Tensor, width: int):

@@ -8,6 +8,10 @@ as Hugging Face files. Loading never unpickles anything.
     model/model.json            schema, config, shapes, encoder parameters, the storage dtype, and the size
                                 and sha256 of every other file of the directory ("files")
     model/encoder/              the encoder's Hugging Face config and tokenizer
+    model/label_info.json       the labels' texts (or null), training-document counts and inverse propensities
+                                (xmcbench.labels), for components that read them
+    model/components/NAME/      files a component writes beyond its tensors (LifecycleEvents.save_files), e.g.
+                                an approximate-nearest-neighbour label index
 
 Half-precision storage only shrinks the file: loading upcasts every weight to the model's float32, so a
 loaded model computes as before, with weights rounded to the storage dtype.
@@ -24,6 +28,7 @@ import hashlib
 import json
 import math
 import re
+import shutil
 from pathlib import Path, PurePosixPath
 
 import torch
@@ -32,13 +37,16 @@ from safetensors.torch import _remove_duplicate_names, load_model, save_file
 import xmcbench
 from xmcbench.config import TrainConfig
 from xmcbench.errors import XmcError, joined_line
-from xmcbench.interfaces import LabelClusters, tree_level_clusters
+from xmcbench.interfaces import LabelClusters, LabelInfo, Retriever, call_factory, declared_keywords, \
+    overrides, tree_level_clusters
+from xmcbench.labels import load_label_info, save_label_info
 from xmcbench.model import TreeLevel, XMCModel
 from xmcbench.registry import Registry
 from xmcbench.storage import atomic_write, read_json, write_json
 
 SCHEMA_VERSION = 1
 ENCODER_FOLDER = "encoder"
+COMPONENTS_FOLDER = "components"   # files of components beyond their tensors (LifecycleEvents.save_files)
 REQUIRED_KEYS = ("schema", "config", "num_labels", "num_clusters", "cluster_size", "encoder_params", "files")
 SELF_CHECKSUM = "model_json_sha256"
 REDO = "re-run training or copy the model directory again"
@@ -54,23 +62,53 @@ SAFETENSORS_DTYPES = {torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", t
 
 
 def build_model(registry: Registry, config: TrainConfig, clusters: LabelClusters,
-                encoder_params: dict | None = None) -> XMCModel:
-    """Instantiate the configured components around `clusters`. encoder_params come from Encoder.export."""
-    encoder = registry.component("encoder", config.encoder)(config, **(encoder_params or {}))
-    levels = tree_levels(registry, config, clusters, encoder)
+                encoder_params: dict | None = None, label_info: LabelInfo | None = None) -> XMCModel:
+    """Instantiate the configured components around `clusters`. encoder_params come from Encoder.export.
+
+    A factory that declares the keyword-only parameter `label_info` receives `label_info` (the run's, or the
+    saved model's); one that declares `encoder` (recallers, rankers, samplers) receives the encoder itself,
+    whose parameters it then shares (xmcbench.interfaces.call_factory)."""
+    encoder = _component(registry, "encoder", config.encoder, (config,), label_info, **(encoder_params or {}))
+    levels = tree_levels(registry, config, clusters, encoder, label_info)
     in_dims = getattr(encoder, "level_dims", None) or (encoder.out_dim,) * (2 + len(levels))
-    recaller = registry.component("recaller", config.recaller)(
-        config, in_dims[0], config.tree_levels[0] if levels else clusters.num_clusters)
+    recaller = _component(registry, "recaller", config.recaller,
+                          (config, in_dims[0], config.tree_levels[0] if levels else clusters.num_clusters),
+                          label_info, encoder=encoder)
+    registered_retriever = config.recaller in registry.retrievers
+    if isinstance(recaller, Retriever) != registered_retriever:   # the run's early checks relied on the registration
+        raise XmcError(f"recaller {config.recaller!r} is registered as a retriever but builds a "
+                       f"{type(recaller).__name__}, not an xmcbench.interfaces.Retriever" if registered_retriever else
+                       f"recaller {config.recaller!r} builds a Retriever, but its plugin registers it without "
+                       "retriever=True (registry.add_component)")
     ranker = sampler = ranker_encoder = None
-    if not clusters.is_flat:
-        ranker = registry.component("ranker", config.ranker)(config, in_dims[-1], clusters.num_labels)
-        sampler = registry.component("sampler", config.sampler)(config)
+    # a retriever shortlists labels for a ranker, when the method names one, even with one label per cluster
+    if not clusters.is_flat or (isinstance(recaller, Retriever) and config.ranker and config.sampler):
+        ranker = _component(registry, "ranker", config.ranker, (config, in_dims[-1], clusters.num_labels), label_info,
+                            encoder=encoder)
+        sampler = _component(registry, "sampler", config.sampler, (config,), label_info, encoder=encoder)
         if config.separate_ranker_encoder:
-            ranker_encoder = registry.component("encoder", config.encoder)(config, **(encoder_params or {}))
-    return XMCModel(encoder, recaller, ranker, sampler, clusters, ranker_encoder, levels)
+            ranker_encoder = _component(registry, "encoder", config.encoder, (config,), label_info,
+                                        **(encoder_params or {}))
+    return XMCModel(encoder, recaller, ranker, sampler, clusters, ranker_encoder, levels,
+                    score_combiner=config.score_combiner, ranker_weight=config.ranker_weight)
 
 
-def tree_levels(registry: Registry, config: TrainConfig, clusters: LabelClusters, encoder) -> tuple[TreeLevel, ...]:
+def _component(registry: Registry, kind: str, name: str, args: tuple, label_info: LabelInfo | None,
+               encoder=None, **fixed):
+    """A component built by its registered factory: factory(*args, **fixed, **what it declares of label_info
+    and encoder)."""
+    factory = registry.component(kind, name)
+    wanted = declared_keywords(factory)
+    if "label_info" in wanted and label_info is None:
+        raise XmcError(f"{kind} {name!r} reads the labels' information (its factory takes label_info), which was "
+                       "not given: the model folder predates label information, or the caller built the model "
+                       "without a dataset; train the model again")
+    offered = {"label_info": label_info, **({"encoder": encoder} if encoder is not None else {})}
+    return call_factory(factory, *args, **fixed, **offered)
+
+
+def tree_levels(registry: Registry, config: TrainConfig, clusters: LabelClusters, encoder,
+                label_info: LabelInfo | None = None) -> tuple[TreeLevel, ...]:
     """The levels of config.tree_levels between the recaller's nodes and the leaf clusters: for each, a ranker
     of the configured kind over its nodes and a sampler built with top_clusters = the nodes kept above it."""
     if not config.tree_levels:
@@ -84,8 +122,10 @@ def tree_levels(registry: Registry, config: TrainConfig, clusters: LabelClusters
     levels = []
     for depth, (level_clusters, keep) in enumerate(zip(tree_level_clusters(clusters.num_clusters,
                                                                            config.tree_levels), keeps)):
-        ranker = registry.component("ranker", config.ranker)(config, in_dims[1 + depth], level_clusters.num_labels)
-        sampler = registry.component("sampler", config.sampler)(dataclasses.replace(config, top_clusters=keep))
+        ranker = _component(registry, "ranker", config.ranker, (config, in_dims[1 + depth], level_clusters.num_labels),
+                            label_info, encoder=encoder)
+        sampler = _component(registry, "sampler", config.sampler, (dataclasses.replace(config, top_clusters=keep),),
+                             label_info, encoder=encoder)
         levels.append(TreeLevel(ranker, sampler, level_clusters, keep))
     return tuple(levels)
 
@@ -150,8 +190,10 @@ def file_digest(path: Path) -> dict:
     return {"bytes": Path(path).stat().st_size, "sha256": digest.hexdigest()}
 
 
-def save_model_dir(directory: Path, model: XMCModel, config: TrainConfig, label_names: list[str]) -> None:
-    """Write the model directory; floating-point weights are stored in config.storage_dtype."""
+def save_model_dir(directory: Path, model: XMCModel, config: TrainConfig, label_names: list[str],
+                   label_info: LabelInfo | None = None) -> None:
+    """Write the model directory; floating-point weights are stored in config.storage_dtype. label_info (the
+    run's) goes into label_info.json, so components that read it are rebuilt without the dataset."""
     directory = Path(directory)
     # converted before anything is written: a bad setting or an overflow leaves no half-written directory
     tensors, dropped = stored_tensors(model, storage_dtype(config.storage_dtype))
@@ -163,8 +205,16 @@ def save_model_dir(directory: Path, model: XMCModel, config: TrainConfig, label_
                  lambda temporary: save_file(tensors, str(temporary), metadata=dropped or None))
     write_json(directory / "labels.json", label_names)
     files = ["weights.safetensors", "labels.json"]
-    if encoder_dir.is_dir():
-        files += sorted(p.relative_to(directory).as_posix() for p in encoder_dir.rglob("*") if p.is_file())
+    if label_info is not None:
+        files.append(save_label_info(directory, label_info).name)
+    for name, component in _components_with_files(model).items():
+        folder = directory / COMPONENTS_FOLDER / name
+        shutil.rmtree(folder, ignore_errors=True)   # a resumed save starts its component files afresh
+        folder.mkdir(parents=True)
+        component.save_files(folder)
+    for folder in (encoder_dir, directory / COMPONENTS_FOLDER):
+        if folder.is_dir():
+            files += sorted(p.relative_to(directory).as_posix() for p in folder.rglob("*") if p.is_file())
     # model.json comes last: a directory whose save was interrupted has none (or an older one whose
     # checksums no longer match), so it is never taken for a complete model
     write_json(directory / "model.json", signed_description({
@@ -178,6 +228,11 @@ def save_model_dir(directory: Path, model: XMCModel, config: TrainConfig, label_
         "storage_dtype": config.storage_dtype,
         "files": {name: file_digest(directory / name) for name in files},
     }))
+
+
+def _components_with_files(model: XMCModel) -> dict:
+    """{name: component} of the model's components that write files of their own (LifecycleEvents.save_files)."""
+    return {name: component for name, component, _ in model.components() if overrides(component, "save_files")}
 
 
 def description_digest(meta: dict) -> str:
@@ -456,9 +511,10 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
     # every weight comes from weights.safetensors: never let the encoder read a checkpoint of its own
     if "pretrained_weights" in encoder_params:
         encoder_params["pretrained_weights"] = False
+    label_info = load_label_info(directory, label_names, REDO)
     try:
         model = build_model(registry, dataclasses.replace(config, pretrained_weights=False), clusters,
-                            encoder_params)
+                            encoder_params, label_info)
     except XmcError as error:
         raise XmcError(f"cannot rebuild the model of {directory}: {joined_line(error)}; {REDO}") from None
     _check_weights(weights, tensors, model, meta["storage_dtype"])
@@ -476,5 +532,15 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
             or int((cluster_labels >= 0).sum()) != num_labels:
         raise XmcError(f"{weights} holds label clusters that do not match model.json ({num_labels} labels in "
                        f"{num_clusters} clusters): the weights are damaged; {REDO}")
+    for name, component in _components_with_files(model).items():
+        folder = directory / COMPONENTS_FOLDER / name
+        if not folder.is_dir():
+            raise XmcError(f"{folder} is missing: the files of the model's {name} are not in the model directory; "
+                           f"{REDO}")
+        try:
+            component.load_files(folder)
+        except XmcError as error:
+            raise XmcError(f"cannot read the files of the model's {name} in {folder}: {joined_line(error)}; "
+                           f"{REDO}") from None
     model.eval()
     return model, config, label_names

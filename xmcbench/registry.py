@@ -129,6 +129,7 @@ class Registry:
     def __init__(self) -> None:
         self.components: dict[str, dict[str, Entry]] = {kind: {} for kind in COMPONENT_KINDS}
         self.component_options: dict[tuple[str, str], tuple] = {}   # (kind, name) -> its config.Options
+        self.retrievers: set[str] = set()   # recallers registered with retriever=True
         self.methods: dict[str, Entry] = {}
         self.datasets: dict[str, Entry] = {}
         self.formats: dict[str, Entry] = {}   # data formats (xmcbench.formats.DataFormat) by name
@@ -143,9 +144,15 @@ class Registry:
         self._rejected: list[str] = []   # the current plugin's clashes, recorded once it has loaded
 
     # -- registration (called from hooks) ---------------------------------------------------------
-    def add_component(self, kind: str, name: str, factory: Callable[..., Any], options: tuple = ()) -> None:
+    def add_component(self, kind: str, name: str, factory: Callable[..., Any], options: tuple = (),
+                      retriever: bool = False) -> None:
         """options: the `xmcbench.config.Option`s the component reads from config.options (checked before a
-        run, listed by `xmcbench plugins --options`)."""
+        run, listed by `xmcbench plugins --options`). retriever: a recaller whose factory builds an
+        `xmcbench.interfaces.Retriever` (labels found by nearest-neighbour search): with one label per cluster it
+        still shortlists for the method's ranker, which the run checks before anything trains."""
+        if retriever and kind != "recaller":
+            raise RegistrationError(f"plugin {self._origin()} registers {kind} {name!r} as a retriever; only a "
+                                    "recaller can be one")
         if kind not in COMPONENT_KINDS:
             raise RegistrationError(f"plugin {self._origin()} registers a component of unknown kind {kind!r}; "
                                     f"kinds are {', '.join(COMPONENT_KINDS)}")
@@ -158,6 +165,8 @@ class Registry:
                                     "xmcbench.config.Option objects")
         if self._add(self.components[kind], f"{kind} {name!r}", name, factory):   # not when the name clashed
             self.component_options[(kind, name)] = tuple(options)
+            if retriever:
+                self.retrievers.add(name)
 
     def add_method(self, method) -> None:
         if not isinstance(method, MethodSpec):
@@ -373,6 +382,8 @@ class Registry:
                 for kind, components in self.components.items():
                     if table is components:
                         self.component_options.pop((kind, added), None)
+                        if kind == "recaller":
+                            self.retrievers.discard(added)
             self.plugins.remove(info)
             plugin_manager.unregister(plugin)
             raise

@@ -34,6 +34,7 @@ from xmcbench.distributed import Distributed, broadcast_text, from_environment, 
 from xmcbench.errors import XmcError, joined_line
 from xmcbench.formats import FormatOptions, read_dataset
 from xmcbench.interfaces import LabelClusters, WholeMethod
+from xmcbench.labels import label_info
 from xmcbench.metrics import evaluate, propensity_scores
 from xmcbench.modelio import build_model, load_model_dir, save_model_dir, storage_dtype
 from xmcbench.callbacks import JsonLog
@@ -448,6 +449,13 @@ def run(plan: Plan, output: Path | None = None, data_dir: Path | None = None, ov
         shutdown(dist)
 
 
+def continues_from_scratch(registry: Registry, method: str) -> bool:
+    """Whether an interrupted run of `method` is fitted again rather than resumed: a whole method whose fit keeps
+    no checkpoints (whole_methods.keeps_checkpoints)."""
+    whole_method = registry.method(method).whole_method
+    return whole_method is not None and not whole_methods.keeps_checkpoints(whole_method)
+
+
 def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool, registry: Registry, log,
          resume: bool, dist: Distributed) -> Path:
     """run() in one process of a (possibly distributed) run: every process trains and predicts its share,
@@ -482,7 +490,10 @@ def check_flat(plan: Plan, dataset: Dataset, registry: Registry) -> None:
     """Refuse, before the run folder is touched, a flat run (one logit per label: no clusters, no ranker) of a
     method whose stages train the ranker on its own."""
     spec = registry.method(plan.method)
-    flat = resolve_num_clusters(plan.config, dataset.num_labels) == dataset.num_labels
+    config = plan.config
+    # a retriever shortlists labels for the method's ranker even with one label per cluster
+    shortlists = config.recaller in registry.retrievers and bool(config.ranker and config.sampler)
+    flat = resolve_num_clusters(config, dataset.num_labels) == dataset.num_labels and not shortlists
     stages = training_stages(spec.stages, plan.config)
     if flat and any("rank" in stage.losses and "recall" not in stage.losses for stage in stages):
         raise XmcError(f"{plan.method} trains a ranker in a stage of its own, which needs label clusters, and this run "
@@ -523,11 +534,13 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
     train_rows, validation_rows = split_train_rows(dataset, config)
     with dist.main_first():   # rank 0 fills the caches, the others read them
         clusters = label_clusters(dataset, config, train_rows)
-    if clusters.is_flat:
+    weights = propensities(dataset, config)
+    run_labels = label_info(dataset, train_rows, weights.inverse)
+    model = build_model(registry, config, clusters, label_info=run_labels)
+    if model.is_flat:
         dropped = (f"flat run ({dataset.num_labels} labels, one logit each): the ranker {config.ranker!r} and the "
                    f"sampler {config.sampler!r} are not used; --set cluster_size=8 (or more) trains them")
         log(("warning: " if registry.method(plan.method).needs_ranker else "") + dropped)
-    model = build_model(registry, config, clusters)
     tokenizer = model.encoder.tokenizer
     with dist.main_first():
         train_tokens = tokenize(dataset.train_texts, tokenizer, config.max_length, f"{dataset.version}/train",
@@ -536,7 +549,13 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
                                description="tokenizing test")
     if dist.enabled:   # same initial weights everywhere (DDP also broadcasts them), different dropout masks
         torch.manual_seed(config.seed + dist.rank)
-    weights = propensities(dataset, config)
+
+    def label_tokens():   # tokenized only when a component asks for label embeddings; names where no texts
+        texts = run_labels.texts or run_labels.names
+        with dist.main_first():
+            return tokenize(list(texts), tokenizer, config.max_length,
+                            f"{dataset.version}/label-{'texts' if run_labels.has_texts else 'names'}",
+                            description="tokenizing label texts")
 
     validate = None
     if len(validation_rows):
@@ -555,7 +574,7 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
         if not resume:
             write_run_config(output, plan, dataset, registry, {
                 "num_labels": dataset.num_labels, "num_clusters": clusters.num_clusters, "flat": clusters.is_flat,
-                "components": components_that_ran(config, clusters.is_flat),
+                "components": components_that_ran(config, model.is_flat),
                 "threads": threads, "device": str(device), "processes": dist.world_size,
                 "train_docs": len(train_rows), "validation_docs": len(validation_rows),
                 "encoder_loaded_dtype": model.encoder.loaded_dtype,
@@ -563,7 +582,8 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
     stages = training_stages(registry.method(plan.method).stages, config)
     trainer = Trainer(model, train_tokens.subset(train_rows), dataset.train_labels[train_rows], config, device,
                       validate, checkpoint_dir=output / "checkpoints", stages=stages, dist=dist,
-                      callbacks=training_loggers(registry, config, output) if dist.is_main else ())
+                      callbacks=training_loggers(registry, config, output) if dist.is_main else (),
+                      label_info=run_labels, label_tokens=label_tokens)
     if resume:
         state = load_checkpoint(output / "checkpoints")
         if state is not None:
@@ -573,6 +593,7 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
         model, _ = trainer.fit()
     except TrainingInterrupted as stop:
         raise TrainingInterrupted(f"{stop}; continue with: xmcbench run --resume {output}") from None
+    trainer.finalize()   # e.g. a retriever builds its label index from the final weights
     train_seconds = trainer.train_seconds
     started = time.perf_counter()
     predictions = predict(model, test_tokens, config, device, description="predicting test", dist=dist)
@@ -584,7 +605,7 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
     if not dist.is_main:
         return output
     metrics = score(predictions, dataset.test_labels, model, weights, config.eval_ks)
-    save_model_dir(output / "model", model, config, dataset.label_names[:dataset.num_labels])
+    save_model_dir(output / "model", model, config, dataset.label_names[:dataset.num_labels], run_labels)
     write_results(output, dataset, metrics, predictions, validation_predictions, validation_rows, train_seconds,
                   trainer.documents_trained, predict_seconds, resume, device)
     if not config.keep_checkpoint:

@@ -66,15 +66,18 @@ from torch import nn
 
 from xmcbench.config import Stage, TrainConfig, apply_overrides
 from xmcbench.errors import error_line
-from xmcbench.interfaces import Candidates, Encoder, LabelClusters, Ranker, Recaller, Sampler, StageContext
+from xmcbench.interfaces import Candidates, Encoder, EpochContext, LabelClusters, LabelInfo, Ranker, Recaller, \
+    Retriever, Sampler, StageContext, declared_keywords, overrides
 from xmcbench.device import seed_everything
 from xmcbench.tokenization import pads_left, token_ids
 
-__all__ = ["make_tiny_transformer", "tiny_config", "check_encoder", "check_recaller", "check_ranker",
-           "check_sampler", "check_component", "check_whole_method", "pickles_in", "write_tiny_dataset"]
+__all__ = ["make_tiny_transformer", "tiny_config", "tiny_label_info", "check_encoder", "check_recaller",
+           "check_ranker", "check_sampler", "check_component", "check_method", "check_whole_method", "check_logger",
+           "pickles_in", "write_tiny_dataset", "write_tiny_label_texts"]
 
 SEED, OTHER_SEED, CALL_SEED = 0, 12345, 7
 NUM_DOCUMENTS = 16          # N training documents a sampler's StageContext describes
+SAMPLER_EMBEDDING_SIZE = 12   # D of the document and label embeddings a sampler's lifecycle events offer
 MAX_POSITIVES = 5           # positives per document in the sampler checks (padded with -1)
 RTOL, ATOL = 1e-2, 1e-3     # float64 / GPU outputs against the CPU float32 ones (TF32 convolutions included)
 SAME_RTOL, SAME_ATOL = 1e-4, 1e-4   # float32 outputs that must agree up to rounding (padding, permuted candidates)
@@ -179,6 +182,93 @@ class _Check:
             self.fail(f"{signature} must return an xmcbench.interfaces.{abc.__name__}",
                       f"it returned {type(component).__module__}.{type(component).__qualname__}")
         return component
+
+
+class BagOfWordsEncoder(Encoder):
+    """The encoder the component checks hand to a factory that declares `encoder` (a component sharing the
+    method's encoder): the mean of learned token embeddings, (B, T) ids + mask -> (B, out_dim), with the
+    tokenizer of config.model_name. Small and deterministic, so the checks stay fast."""
+
+    def __init__(self, config: TrainConfig, out_dim: int) -> None:
+        super().__init__()
+        from xmcbench.tokenization import load_tokenizer
+
+        self.tokenizer = load_tokenizer(config.model_name)
+        self.out_dim = out_dim
+        self.embedding = nn.Embedding(len(self.tokenizer), out_dim)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        mask = attention_mask.unsqueeze(-1).to(self.embedding.weight.dtype)
+        return (self.embedding(input_ids) * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
+
+    def export(self, directory: Path) -> dict:
+        raise NotImplementedError("BagOfWordsEncoder only serves the component checks and is never saved")
+
+
+def tiny_label_info(num_labels: int, texts: bool = True) -> LabelInfo:
+    """A LabelInfo of `num_labels` labels named "label-i", with a short text each (texts=True), uneven training
+    counts (some 0: labels no training document carries) and their inverse propensities."""
+    counts = np.array([(7 * label) % 5 for label in range(num_labels)], dtype=np.int64)
+    label_texts = tuple(f"{TOPICS[name]} label {label}" for label, name in
+                        zip(range(num_labels), [sorted(TOPICS)[i % len(TOPICS)] for i in range(num_labels)])) \
+        if texts else None
+    return LabelInfo(tuple(f"label-{label}" for label in range(num_labels)), label_texts, counts,
+                     1.0 + 1.0 / (1.0 + counts.astype(np.float64)))
+
+
+def _offered(factory: Callable, config: TrainConfig, in_dim: int, num_labels: int) -> dict:
+    """What the pipeline hands a factory beyond its positional arguments, for the keywords it declares:
+    label_info (tiny_label_info(num_labels)) and encoder (a BagOfWordsEncoder of out_dim in_dim)."""
+    wanted = declared_keywords(factory)
+    offered = {}
+    if "label_info" in wanted:
+        offered["label_info"] = tiny_label_info(num_labels)
+    if "encoder" in wanted:
+        seed_everything(SEED)
+        offered["encoder"] = BagOfWordsEncoder(config, in_dim)
+    return offered
+
+
+def _signature(positional: str, offered: dict) -> str:
+    keywords = ", ".join(f"{name}=..." for name in offered)
+    return f"factory({positional}{', *, ' + keywords if keywords else ''})"
+
+
+def _lifecycle(check: "_Check", component: nn.Module, num_labels: int, dim: int, num_clusters: int,
+               label_info: LabelInfo | None) -> None:
+    """Announce the lifecycle events a component implements, as the trainer does (a stage, an epoch, the end of
+    training), with synthetic embeddings: random (N, dim) documents and (L, dim) labels, drawn from a fixed seed,
+    and random recalled clusters."""
+    events = [event for event in ("start_epoch", "finalize") if overrides(component, event)]
+    if not events:
+        return
+    label_info = label_info or tiny_label_info(num_labels)
+    generator = torch.Generator().manual_seed(SEED)
+    documents = torch.randn(NUM_DOCUMENTS, dim, generator=generator)
+    labels = torch.randn(num_labels, dim, generator=generator)
+
+    def mapped(rows: int, fixed: torch.Tensor):
+        def map_any(function, width: int) -> torch.Tensor:
+            return fixed if width == dim else torch.randn(rows, width, generator=torch.Generator().manual_seed(width))
+        return map_any
+
+    stage = Stage("rank", losses=("rank",))
+    recalled = torch.rand(NUM_DOCUMENTS, num_clusters, generator=generator).argsort(dim=1)
+    for event in events:
+        context = EpochContext(stage, 0 if event == "start_epoch" else None, NUM_DOCUMENTS, label_info,
+                               map_documents=mapped(NUM_DOCUMENTS, documents), map_labels=mapped(num_labels, labels),
+                               recalled_clusters=lambda top: recalled[:, :min(top, num_clusters)],
+                               encoder=_FixedEncoder(dim))
+        with check.rule(f"{event}(context) must work"):
+            getattr(component, event)(context)
+
+
+class _FixedEncoder(nn.Module):
+    """Stands for the encoder in a synthetic EpochContext: its out_dim is all the context reads of it."""
+
+    def __init__(self, out_dim: int) -> None:
+        super().__init__()
+        self.out_dim = out_dim
 
 
 def _tensors(output: Any) -> list[torch.Tensor]:
@@ -322,6 +412,10 @@ def _check_module(check: _Check, build: Callable[[int], nn.Module], cases: list[
 
     trained = build(SEED).train()
     description, inputs = cases[-1]
+    # floating inputs (a representation) take gradients as the encoder's output does in training, so a component
+    # without parameters of its own (a label index) passes gradients back
+    inputs = tuple(x.detach().clone().requires_grad_() if isinstance(x, torch.Tensor) and x.is_floating_point()
+                   else x for x in inputs)
     with check.rule("a training-mode forward and backward must work"):
         forward(trained, inputs).float().sum().backward()
     gradients = [(name, p.grad) for name, p in trained.named_parameters() if p.requires_grad and p.grad is not None]
@@ -571,11 +665,13 @@ def check_recaller(factory, config, in_dim: int = 12, num_clusters: int = 6, bat
     check = _Check("recaller", factory)
 
     def build(seed: int) -> Recaller:
-        recaller = check.build(lambda: factory(config, in_dim, num_clusters), Recaller,
-                               "factory(config, in_dim, num_clusters)", seed)
+        offered = _offered(factory, config, in_dim, num_clusters)
+        recaller = check.build(lambda: factory(config, in_dim, num_clusters, **offered), Recaller,
+                               _signature("config, in_dim, num_clusters", offered), seed)
         check.require(getattr(recaller, "num_clusters", None) == num_clusters,
                       "a recaller's num_clusters must be the num_clusters it was built with",
                       f"{getattr(recaller, 'num_clusters', None)!r} instead of {num_clusters}")
+        _lifecycle(check, recaller, num_clusters, in_dim, num_clusters, offered.get("label_info"))
         return recaller
 
     generator = torch.Generator().manual_seed(SEED)
@@ -586,6 +682,8 @@ def check_recaller(factory, config, in_dim: int = 12, num_clusters: int = 6, bat
                     lambda inputs: (torch.randn(inputs[0].shape, generator=generator),),
                     "the output must depend on the representation (another representation must change every "
                     "row's logits)")
+    if isinstance(recaller, Retriever):
+        _check_search(check, recaller, cases, num_clusters)
     for description, (representation,) in cases:
         targets = (torch.rand(representation.shape[0], num_clusters, generator=generator) < 0.3).float()
         with check.rule("loss(logits, cluster_targets) must work"):
@@ -594,6 +692,37 @@ def check_recaller(factory, config, in_dim: int = 12, num_clusters: int = 6, bat
                       f"got {tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__} "
                       f"for {description}")
         check.require(bool(torch.isfinite(loss)), "loss must be finite", f"{loss.item()} for {description}")
+
+
+def _check_search(check: _Check, retriever: Retriever, cases: list[tuple[str, tuple]], num_labels: int) -> None:
+    """A retriever's search: (B, top) distinct label ids best first with non-increasing logits, each logit the
+    exact score forward gives that label, and, for the best label, the one forward ranks first (an approximate
+    index may miss some neighbours further down, never the search's own scoring)."""
+    for description, (representation,) in cases:
+        for top in sorted({1, min(3, num_labels), num_labels}):
+            with check.rule(f"search(representation, {top}) on {description} must work"), torch.no_grad():
+                found = retriever.search(representation, top)
+            check.require(isinstance(found, tuple) and len(found) == 2, "search must return (labels, logits)",
+                          f"got {type(found).__name__}")
+            labels, logits = found
+            shape = (representation.shape[0], top)
+            check.require(tuple(labels.shape) == shape and tuple(logits.shape) == shape and labels.dtype == torch.long,
+                          "search must return labels (B, top) long and logits (B, top)",
+                          f"{tuple(labels.shape)} {labels.dtype} and {tuple(logits.shape)} for {description}, top {top}")
+            check.require(bool(((labels >= 0) & (labels < num_labels)).all()), "search must return label ids in "
+                          f"[0, {num_labels})", f"{labels.tolist()} for {description}")
+            check.require(all(len(set(row)) == len(row) for row in labels.tolist()),
+                          "search must not return a label twice in a row", f"{labels.tolist()} for {description}")
+            check.require(bool((logits[:, 1:] <= logits[:, :-1]).all()), "search must return the best labels first "
+                          "(logits non-increasing)", f"{logits.tolist()} for {description}")
+            with torch.no_grad():
+                exact = retriever(representation).float()
+            check.require(_near(logits.float(), exact.gather(1, labels)), "search's logits must be the scores forward "
+                          "gives the same labels", f"{description}, top {top}: "
+                          f"{_first_difference(logits.float(), exact.gather(1, labels))}")
+            check.require(torch.equal(exact.gather(1, labels[:, :1]), exact.max(dim=1, keepdim=True).values),
+                          "search must find each document's best label (the one forward scores highest)",
+                          f"{description}: found {labels[:, 0].tolist()}, forward's best {exact.argmax(dim=1).tolist()}")
 
 
 # -- ranker ---------------------------------------------------------------------------------------------
@@ -611,9 +740,15 @@ def check_ranker(factory, config, in_dim: int = 12, num_labels: int = 20, batch_
             labels[0, 0], labels[-1, -1] = num_labels - 1, 0   # both ends of the label table
             cases.append((f"B={batch}, C={count}", (torch.randn(batch, in_dim, generator=generator), labels)))
     forward = lambda module, inputs: module(*inputs)   # noqa: E731
-    ranker = _check_module(check, lambda seed: check.build(lambda: factory(config, in_dim, num_labels), Ranker,
-                                                           "factory(config, in_dim, num_labels)", seed),
-                           cases, forward, lambda inputs: tuple(inputs[1].shape), _convert_floats)
+
+    def build(seed: int) -> Ranker:
+        offered = _offered(factory, config, in_dim, num_labels)
+        ranker = check.build(lambda: factory(config, in_dim, num_labels, **offered), Ranker,
+                             _signature("config, in_dim, num_labels", offered), seed)
+        _lifecycle(check, ranker, num_labels, in_dim, num_labels, offered.get("label_info"))
+        return ranker
+
+    ranker = _check_module(check, build, cases, forward, lambda inputs: tuple(inputs[1].shape), _convert_floats)
     _check_responds(check, ranker, forward, cases,
                     lambda inputs: (torch.randn(inputs[0].shape, generator=generator), inputs[1]),
                     "the scores must depend on the representation (another representation, the same candidates, "
@@ -723,12 +858,14 @@ def check_sampler(factory, config, num_labels: int = 24, num_clusters: int = 6, 
         return recalled_cache[top]
 
     def build(seed: int, start: bool = True) -> Sampler:
-        sampler = check.build(lambda: factory(config), Sampler, "factory(config)", seed)
+        offered = _offered(factory, config, SAMPLER_EMBEDDING_SIZE, num_labels)
+        sampler = check.build(lambda: factory(config, **offered), Sampler, _signature("config", offered), seed)
         if start:
             context = StageContext(stage=Stage("rank", losses=("rank",)), num_documents=NUM_DOCUMENTS,
                                    recalled_clusters=recalled_clusters)
             with check.rule("start_stage(context) must work"):
                 sampler.start_stage(context)
+            _lifecycle(check, sampler, num_labels, SAMPLER_EMBEDDING_SIZE, num_clusters, offered.get("label_info"))
         return sampler
 
     cases = []
@@ -1191,3 +1328,152 @@ def check_logger(factory, config=None) -> None:
         with check.rule("load_state_dict(state_dict()) of a resumed run must work"):
             second.load_state_dict(state)
         _logger_session(check, second, trainer, [(1, 1)], resumed=True, finish=True)
+
+
+# -- a method's composed model ------------------------------------------------------------------------------
+
+# settings check_method trains with unless the caller gives them: a few steps an epoch, two epochs, one thread
+METHOD_CHECK_SETTINGS = {"epochs": "2", "batch_size": "8", "max_length": "16", "threads": "1", "validation_size": "0"}
+INTERRUPT_AT_STEP = 8   # the tiny dataset's 48 documents in batches of 8: step 8 is inside the second epoch
+
+
+def write_tiny_label_texts(folder: Path) -> Path:
+    """label_texts.tsv beside write_tiny_dataset's files: one text per label, the words of its topic."""
+    path = Path(folder) / "label_texts.tsv"
+    path.write_text("".join(f"{name}\t{words}\n" for name, words in sorted(TOPICS.items())), encoding="utf-8")
+    return path
+
+
+@contextlib.contextmanager
+def _interrupted_at(step: int) -> Iterator[None]:
+    """Runs started inside stop after optimizer step `step` as on Ctrl-C (a checkpoint, then TrainingInterrupted)."""
+    from xmcbench.training import Trainer
+
+    original = Trainer.train_step
+
+    def train_step(self, rows, stage=None, *args, **kwargs):
+        original(self, rows, *((stage,) if stage is not None else ()), *args, **kwargs)
+        if self.step == step:
+            self.stop_requested = True
+
+    Trainer.train_step = train_step
+    try:
+        yield
+    finally:
+        Trainer.train_step = original
+
+
+def _check_shared_towers(check: _Check, model) -> None:
+    """Components that received the encoder use it, not a copy: no component tensor holds a copy of an encoder
+    tensor's values in other memory, and no two parameters share memory (each weight trains and counts once)."""
+    encoder_tensors = list(model.encoder.state_dict(keep_vars=True).values())
+    encoder_memory = {tensor.data_ptr() for tensor in encoder_tensors}
+    for name, component, _ in model.components():
+        for key, tensor in component.state_dict(keep_vars=True).items():
+            if tensor.data_ptr() in encoder_memory or tensor.numel() < 2 or not tensor.is_floating_point():
+                continue
+            copied = next((True for original in encoder_tensors if original.shape == tensor.shape
+                           and original.dtype == tensor.dtype and bool(original.abs().sum() > 0)
+                           and torch.equal(original.detach(), tensor.detach())), False)
+            check.require(not copied, "a component that receives the encoder must use it, not a copy (a copied tower "
+                          "trains apart from the encoder and is saved and counted twice)",
+                          f"the {name}'s {key} holds a copy of an encoder weight")
+    owners: dict[int, str] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=True):
+        pointer = parameter.data_ptr()
+        check.require(pointer not in owners, "each weight must be one parameter: a component must keep the encoder's "
+                      "parameters as they are (a new nn.Parameter around the same memory trains it twice)",
+                      f"{name} and {owners.get(pointer)} are two parameters over one tensor")
+        owners[pointer] = name
+
+
+@_isolated
+def check_method(registry, method: str, settings: list[str] | dict = ()) -> None:
+    """The rules of a method's composed model (every component as the method combines them), on the tiny dataset
+    of `write_tiny_dataset` with one text per label (`write_tiny_label_texts`). `settings`: `--set` values
+    (["model_name=...", "pretrained_weights=false"] for a tiny transformer) over METHOD_CHECK_SETTINGS. Checked:
+
+    - shared towers: a component that receives the encoder (a factory declaring `encoder`) holds the encoder
+      itself, not a copy of its weights, and no weight is wrapped twice as a parameter;
+    - a run trains, predicts and saves; the saved model folder, copied elsewhere, loads and predicts the test
+      texts exactly as the run did (label ids, and scores within float32 rounding);
+    - the retriever path: a recaller that is a Retriever answers `search` in the contract's format, with the
+      scores its forward gives and the best label first (as `check_recaller` does, on the trained model);
+    - exact resume: a run stopped as on Ctrl-C inside its second epoch and resumed ends with the weights and
+      metrics of the uninterrupted run (the state a component keeps between lifecycle events is in its
+      training_state).
+    """
+    import dataclasses
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from xmcbench import runner
+    from xmcbench.modelio import build_model, load_model_dir
+    from xmcbench.labels import label_info
+    from xmcbench.training import TrainingInterrupted
+
+    check = _Check("method", method)
+    given = settings if isinstance(settings, dict) else dict(item.partition("=")[::2] for item in settings)
+    options = [f"{key}={value}" for key, value in {**METHOD_CHECK_SETTINGS, **given}.items()]
+    with tempfile.TemporaryDirectory(prefix="xmcbench-method-") as scratch:
+        scratch = Path(scratch)
+        data = write_tiny_dataset(scratch / "data")
+        write_tiny_label_texts(data)
+        dataset = runner.open_dataset(registry, str(data))
+        if dataset.label_texts is None:   # a reader that skips label_texts.tsv: give the texts in memory
+            dataset.label_texts = [TOPICS.get(name, name) for name in dataset.label_names]
+        with check.rule("planning the run must work"):
+            plan = runner.plan_run(registry, method, str(data), set_options=options, seed=SEED, loaded=dataset)
+        plan.loaded = dataset
+
+        config = plan.config
+        train_rows, _ = runner.split_train_rows(dataset, config)
+        with check.rule("building the model must work"):
+            model = build_model(registry, config, runner.label_clusters(dataset, config, train_rows),
+                                label_info=label_info(dataset, train_rows, runner.propensities(dataset, config).inverse))
+        _check_shared_towers(check, model)
+
+        quiet = lambda line: None   # noqa: E731
+        with check.rule("a run must train, predict and save"):
+            finished = runner.run(plan, scratch / "run", registry=registry, log=quiet)
+        moved = scratch / "moved-model"
+        shutil.copytree(finished / "model", moved)
+        shutil.rmtree(finished / "model")   # a model folder reaches nothing outside itself
+        with check.rule("the saved model folder must load"):
+            loaded, loaded_config, _ = load_model_dir(moved, registry)
+        loaded_config = dataclasses.replace(loaded_config, threads=1, top_k=config.top_k)
+        with check.rule("the loaded model must predict"):
+            found = runner.predict_saved_model(loaded, dataset.test_texts, None, loaded_config)
+        saved = load_file(str(finished / "predictions.safetensors"))
+        check.require(np.array_equal(found.labels, saved["labels"].numpy()) and
+                      np.allclose(found.scores, saved["scores"].numpy(), rtol=SAME_RTOL, atol=SAME_ATOL),
+                      "a saved and loaded model must predict the test texts as the run did (keep what prediction "
+                      "needs in persistent buffers or save_files)",
+                      _prediction_difference((saved["labels"].numpy(), saved["scores"].numpy()),
+                                             (found.labels, found.scores)))
+        if loaded.is_retriever:
+            representation = torch.randn(4, loaded.encoder.out_dim, generator=torch.Generator().manual_seed(SEED))
+            _check_search(check, loaded.recaller, [("the trained model's retriever, B=4", (representation,))],
+                          loaded.recaller.num_clusters)
+
+        resumed = scratch / "resumed"
+        with _interrupted_at(INTERRUPT_AT_STEP), check.rule("a run stopped as on Ctrl-C must stop cleanly"):
+            with contextlib.suppress(TrainingInterrupted):
+                runner.run(plan, resumed, registry=registry, log=quiet)
+        check.require((resumed / "checkpoints").is_dir(), "a stopped run must leave a checkpoint",
+                      f"no checkpoint in {resumed} after step {INTERRUPT_AT_STEP}")
+        with check.rule("--resume must continue the stopped run"):
+            again = runner.plan_resume(resumed)
+            again.loaded = dataset
+            runner.run(again, resumed, registry=registry, log=quiet, resume=True)
+        reference = load_file(str(moved / "weights.safetensors"))
+        continued = load_file(str(resumed / "model" / "weights.safetensors"))
+        different = sorted(key for key in reference if key not in continued or not torch.equal(reference[key],
+                                                                                               continued[key]))
+        check.require(not different and json.loads((resumed / "metrics.json").read_text()) ==
+                      json.loads((finished / "metrics.json").read_text()),
+                      "a run resumed inside an epoch must end as the uninterrupted run (keep what a lifecycle event "
+                      "computed in training_state)",
+                      f"{len(different)} tensors differ after resuming at step {INTERRUPT_AT_STEP}, e.g. "
+                      f"{different[:3]}" if different else "the metrics differ")

@@ -9,6 +9,7 @@ killed process leaves no entry that looks complete. Reading maps ids.bin into me
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -179,12 +180,13 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def tokenize(texts: list[str], tokenizer, max_length: int, texts_key: str | None, batch_size: int = 2048,
-             description: str = "tokenizing") -> TokenizedTexts:
+             description: str | None = "tokenizing") -> TokenizedTexts:
     """Tokenize `texts` (truncated to max_length, special tokens added), reading and writing the cache.
 
     texts_key identifies the texts (e.g. dataset version + split); the cache entry's name combines it with
     the tokenizer's fingerprint and max_length. texts_key=None: no cache (e.g. texts typed by a user), the
-    ids stay in memory. With a cache the ids come back memory-mapped, also right after writing them."""
+    ids stay in memory. With a cache the ids come back memory-mapped, also right after writing them.
+    description: the progress line's text; None shows none (a component tokenizing its label texts)."""
     pad_left = pads_left(tokenizer)
     batches = _encoded_batches(texts, tokenizer, max_length, batch_size, description)
     if texts_key is None:
@@ -208,12 +210,14 @@ def cache_entry(texts_key: str, tokenizer, max_length: int) -> Path:
 
 
 def _encoded_batches(texts: list[str], tokenizer, max_length: int, batch_size: int,
-                     description: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                     description: str | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Per batch of texts: (its documents' ids one after another (tokens,) int32, their lengths (B,) int64)."""
     encode = None
     cap = max_length * MAX_CHARACTERS_PER_TOKEN
     keep_end = getattr(tokenizer, "truncation_side", "right") == "left"
-    with progress_bar(description, total=len(texts)) as advance:
+    shown = progress_bar(description, total=len(texts)) if description is not None else \
+        contextlib.nullcontext(lambda count: None)
+    with shown as advance:
         for start in range(0, len(texts), batch_size):
             # a 10 MB line would be tokenized whole before truncation: cut it to what max_length can hold
             batch = [text if len(text) <= cap else (text[-cap:] if keep_end else text[:cap])

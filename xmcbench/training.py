@@ -30,7 +30,7 @@ from xmcbench.device import autocast, to_device
 from xmcbench.distributed import Distributed
 from xmcbench.errors import XmcError
 from xmcbench.inference import Output, map_documents
-from xmcbench.interfaces import StageContext
+from xmcbench.interfaces import EpochContext, LabelInfo, StageContext, overrides
 from xmcbench.model import XMCModel
 from xmcbench.optim import build_optimizers, sparse_parameters
 from xmcbench.progress import progress_bar
@@ -73,13 +73,19 @@ class Trainer:
         among the processes and the model wrapped in DistributedDataParallel; a single process by default.
     callbacks: more callbacks (loggers), after the built-in ones (weight averaging, model selection,
         checkpoint cadence), which the settings switch on.
+    label_info: the run's LabelInfo, which lifecycle events hand to the components (xmcbench.interfaces).
+    label_tokens: () -> TokenizedTexts of the label texts (the names of labels without one), for components that
+        ask for label embeddings (called at most once, when first needed).
     """
 
     def __init__(self, model: XMCModel, tokens: TokenizedTexts, labels: sp.csr_matrix, config: TrainConfig,
                  device: torch.device, validate: Callable[[nn.Module], float] | None = None,
                  checkpoint_dir=None, stages: tuple[Stage, ...] = JOINT_TRAINING,
-                 dist: Distributed | None = None, callbacks: tuple[TrainingCallback, ...] = ()) -> None:
+                 dist: Distributed | None = None, callbacks: tuple[TrainingCallback, ...] = (),
+                 label_info: LabelInfo | None = None,
+                 label_tokens: Callable[[], TokenizedTexts] | None = None) -> None:
         self.model, self.tokens, self.labels, self.config, self.device = model, tokens, labels, config, device
+        self.label_info, self._label_tokens_of, self._label_tokens = label_info, label_tokens, None
         self.checkpoint_dir, self.stages = checkpoint_dir, stages
         self.dist = dist or Distributed()
         self.forward_model: nn.Module = model   # the model, or its DistributedDataParallel wrapper
@@ -138,6 +144,8 @@ class Trainer:
                     self.emit("on_epoch_begin")
                     if self.stop_stage:
                         break
+                    if self.batch_in_epoch == 0:   # a run resumed inside the epoch has its components' state
+                        self._announce("start_epoch", stage, self.epoch)
                     self.run_epoch(stage)
                 self._end_stage()
             self.save_checkpoint()
@@ -220,12 +228,50 @@ class Trainer:
     def _begin_stage(self, stage: Stage) -> None:
         stage.begin(self.model)
         self._configure(stage)
-        for depth, sampler in self.model.samplers():
-            sampler.start_stage(StageContext(stage, len(self.tokens),
-                                             lambda top, depth=depth: self._recalled_clusters(top, depth)))
-            self._train_mode()
+        for _, component, depth in self.model.components():
+            if overrides(component, "start_stage"):
+                component.start_stage(StageContext(stage, len(self.tokens),
+                                                   lambda top, depth=depth: self._recalled_clusters(top, depth)))
+                self._train_mode()
         self.stage_started = True
         self.emit("on_stage_begin", stage)
+
+    def finalize(self) -> None:
+        """Announce the end of training to the components (LifecycleEvents.finalize), with the final weights in
+        place: what fit() returns is then ready to predict and to be saved. Leaves the model in eval mode."""
+        started = time.perf_counter()
+        self._announce("finalize", self.stages[-1], None)
+        self.model.eval()
+        self.train_seconds += time.perf_counter() - started   # building an index is part of training
+
+    def _announce(self, event: str, stage: Stage, epoch: int | None) -> None:
+        """Call lifecycle event `event` ("start_epoch" or "finalize") on every component that implements it, with
+        one EpochContext whose embeddings are computed at most once for all of them."""
+        takers = [(component, depth) for _, component, depth in self.model.components() if overrides(component, event)]
+        if not takers:
+            return
+        shared = EpochContext(stage, epoch, len(self.tokens), self.label_info,
+                              map_documents=lambda function, dim: torch.from_numpy(self._map_training_documents(
+                                  function, Output((dim,), np.float32, 0.0))),
+                              map_labels=self._map_labels, recalled_clusters=self._recalled_clusters,
+                              encoder=self.model.encoder)
+        for component, depth in takers:
+            context = copy.copy(shared)   # the computed embeddings stay shared (EpochContext.cache)
+            context.recalled_clusters = lambda top, depth=depth: self._recalled_clusters(top, depth)
+            getattr(component, event)(context)
+            self._train_mode()
+
+    def _map_labels(self, function: Callable, dim: int) -> torch.Tensor:
+        """function(ids, mask) -> (B, dim) over every label's text -> (L, dim) float32 (eval mode, no gradients)."""
+        if self._label_tokens is None:
+            if self._label_tokens_of is None:
+                raise XmcError("a component of this method embeds the labels' texts, which this trainer was not given "
+                               "(Trainer(..., label_tokens=...))")
+            self._label_tokens = self._label_tokens_of()
+        (values,) = map_documents(self.model, self._label_tokens, lambda ids, mask: (function(ids, mask),),
+                                  (Output((dim,), np.float32, 0.0),), self.config, self.device, self.dist)
+        self._train_mode()
+        return torch.from_numpy(values)
 
     def _end_stage(self) -> None:
         self.emit("on_stage_end", self.stage)
@@ -236,10 +282,11 @@ class Trainer:
         frozen encoders are computed once here (they run without dropout, so they do not change within the
         stage), unless they would not fit in FROZEN_REPRESENTATION_BYTES."""
         self.frozen = []
-        for name, part in self.model.parts().items():
-            part.requires_grad_(name in stage.trains)
+        for name, parameters in self.model.part_parameters().items():
+            for parameter in parameters:   # a shared encoder's parameters follow the encoder's part
+                parameter.requires_grad_(name in stage.trains)
             if name not in stage.trains:
-                self.frozen.append(part)
+                self.frozen.append(self.model.parts()[name])
         self.optimizers = build_optimizers(self.model, self.config)
         self.forward_model = self._wrap_distributed()
         self.frozen_representations = {}
@@ -353,6 +400,9 @@ class Trainer:
             "model": self.model.state_dict(),
             "sampler": sampler.training_state() if sampler is not None else {},
             "level_samplers": [level.sampler.training_state() for level in self.model.tree_levels],
+            # the recaller's and the rankers' (the samplers' are above, as checkpoints have always held them)
+            "component_states": {name: component.training_state() for name, component, _ in self.model.components()
+                                 if not name.endswith("sampler") and overrides(component, "training_state")},
             "optimizers": [optimizer.state_dict() for optimizer in self.optimizers],
             "scaler": self.scaler.state_dict(),
             "callbacks": {type(callback).__qualname__: callback.state_dict() for callback in self.callbacks},
@@ -375,6 +425,10 @@ class Trainer:
             self.model.sampler.load_training_state(state["sampler"])
         for level, sampler_state in zip(self.model.tree_levels, state["level_samplers"]):
             level.sampler.load_training_state(sampler_state)
+        saved_states = state.get("component_states", {})   # absent in checkpoints written before it existed
+        for name, component, _ in self.model.components():
+            if name in saved_states:
+                component.load_training_state(saved_states[name])
         if self.stage_started:
             self._configure(self.stage)
             for optimizer, optimizer_state in zip(self.optimizers, state["optimizers"]):
