@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from xmcbench import ensemble, report, runner
+from xmcbench import ensemble, report, runner, whole_methods
 from xmcbench.config import MethodSpec, TrainConfig
 from xmcbench.errors import XmcError
 from xmcbench.hookspecs import hookimpl
@@ -302,11 +302,83 @@ def test_a_refusal_leaves_the_output_folder_untouched(registry, dataset_dir, tmp
     assert not (tmp_path / "out").exists()
 
 
-def test_resume_fits_an_unfinished_run_again(run_dirs, registry, tmp_path):
+def test_resume_of_a_method_without_checkpoints_is_refused_in_one_line(run_dirs, registry, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(run_dirs[0], copy)
     (copy / "metrics.json").unlink()
+    before = sorted(path.name for path in copy.iterdir())
+    with pytest.raises(XmcError, match="votes keeps no checkpoint while it fits, so --resume cannot continue it"):
+        runner.run(runner.plan_resume(copy), copy, registry=registry, log=lambda line: None, resume=True)
+    assert sorted(path.name for path in copy.iterdir()) == before, "nothing refitted, nothing written"
+
+
+class CheckpointedVotes(WordVotes):
+    """Counts the votes of half the documents, saves them in checkpoint_dir, then the rest: a run stopped after
+    the first half continues from it."""
+
+    stop_after_half = False
+
+    @classmethod
+    def fit(cls, train_texts, train_labels, num_labels, config, log, *, checkpoint_dir, label_info):
+        half = len(train_texts) // 2
+        progress = checkpoint_dir / "first-half.json"
+        if progress.is_file():
+            first = cls(json.loads(progress.read_text()), num_labels)
+            log("continuing from the first half")
+        else:
+            first = WordVotes.fit(train_texts[:half], train_labels[:half], num_labels, config, log)
+            checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            progress.write_text(json.dumps(first.votes))
+            if cls.stop_after_half:
+                raise KeyboardInterrupt
+        second = WordVotes.fit(train_texts[half:], train_labels[half:], num_labels, config, log)
+        votes = {word: [a + b for a, b in zip(first.votes.get(word, [0.0] * num_labels),
+                                              second.votes.get(word, [0.0] * num_labels))]
+                 for word in set(first.votes) | set(second.votes)}
+        cls.seen_label_info = label_info
+        return cls(votes, num_labels)
+
+
+def test_a_method_that_keeps_checkpoints_resumes_where_it_stopped(registry, dataset_dir, tmp_path):
+    methods = build_registry(extra_plugins=[("checkpointed", votes_plugin(CheckpointedVotes, "checkpointed"))],
+                             load_entry_points=False)
+    the_plan = runner.plan_run(methods, "checkpointed", str(dataset_dir), set_options=["validation_size=12"])
+    reference = runner.run(the_plan, tmp_path / "reference", registry=methods, log=lambda line: None)
+    CheckpointedVotes.stop_after_half = True
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(the_plan, tmp_path / "run", registry=methods, log=lambda line: None)
+    CheckpointedVotes.stop_after_half = False
     lines = []
-    assert runner.run(runner.plan_resume(copy), copy, registry=registry, log=lines.append, resume=True) == copy
-    assert any("fitted again from the start" in line for line in lines)
-    assert json.loads((copy / "metrics.json").read_text()) == json.loads((run_dirs[0] / "metrics.json").read_text())
+    resumed = runner.run(runner.plan_resume(tmp_path / "run"), tmp_path / "run", registry=methods, log=lines.append,
+                         resume=True)
+    assert "continuing from the first half" in lines
+    assert json.loads((resumed / "metrics.json").read_text()) == json.loads((reference / "metrics.json").read_text())
+    assert not (resumed / "checkpoints").exists(), "removed once finished (keep_checkpoint=false)"
+    info = CheckpointedVotes.seen_label_info
+    dataset = runner.open_dataset(methods, str(dataset_dir))
+    assert info.names == tuple(dataset.label_names[:dataset.num_labels]) and info.texts is None
+    assert int(info.counts.sum()) == int(dataset.train_labels[:, :dataset.num_labels].sum()) - \
+        int(dataset.train_labels[runner.split_train_rows(dataset, the_plan.config)[1]][:, :dataset.num_labels].sum())
+    assert (resumed / "model" / "label_info.json").is_file()
+
+
+def test_a_whole_method_records_the_device_it_computed_on(run_dirs, registry, dataset_dir, tmp_path, monkeypatch):
+    resolved = json.loads((run_dirs[0] / "config.json").read_text())["resolved"]
+    assert resolved["device"] == "cpu"   # WordVotes computes on the CPU only, whatever the machine has
+
+    class GpuFirst(WordVotes):
+        devices = ("cuda", "cpu")
+
+    class GpuOnly(WordVotes):
+        devices = ("cuda",)
+
+    monkeypatch.setattr(whole_methods.torch.cuda, "is_available", lambda: True)   # a machine with a GPU
+    assert str(whole_methods.method_device("gpu-first", GpuFirst, TrainConfig())) == "cuda"
+    with pytest.raises(XmcError, match="votes computes on cpu only; drop --set device=cuda"):
+        whole_methods.method_device("votes", WordVotes, TrainConfig(device="cuda"))
+    monkeypatch.setattr(whole_methods.torch.cuda, "is_available", lambda: False)   # and one without
+    assert str(whole_methods.method_device("gpu-first", GpuFirst, TrainConfig())) == "cpu"
+    gpu_only = build_registry(extra_plugins=[("gpu", votes_plugin(GpuOnly, "gpu-only"))], load_entry_points=False)
+    with pytest.raises(XmcError, match="gpu-only computes on cuda only, and this machine has none of them"):
+        runner.run(runner.plan_run(gpu_only, "gpu-only", str(dataset_dir)), tmp_path / "gpu", registry=gpu_only)
+    assert not (tmp_path / "gpu").exists(), "refused before the output folder was touched"

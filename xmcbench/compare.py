@@ -78,14 +78,14 @@ def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds
         cells[method].append(run_dir)
         if (run_dir / runner.FINISHED_MARKER).exists():
             log(f"{method} seed {seed}: reusing {run_dir}")
-        elif (run_dir / "config.json").exists():
+        elif (run_dir / "config.json").exists() and not runner.continues_from_scratch(registry, method):
             log(f"{method} seed {seed}: resuming {run_dir}")
             resumed = runner.plan_resume(run_dir)
             resumed.loaded = loaded
             runner.run(resumed, run_dir, data_dir, registry=registry, log=log, resume=True)
         else:
             log(f"{method} seed {seed}: training into {run_dir}")
-            runner.run(plan, run_dir, data_dir, registry=registry, log=log)
+            runner.run(plan, run_dir, data_dir, registry=registry, log=log, overwrite=True)   # only an unfinished one
     return cells
 
 

@@ -4,12 +4,15 @@ A whole method's run writes the run directory a component method's does — conf
 timings.json, predictions.safetensors and predictions.npz, validation_predictions.safetensors (with a
 validation split), data_report.json, metrics.json last, the `.xmcbench-run` claim — with the same split of
 the training set (`runner.split_train_rows`), the same propensities (`runner.propensities`) and the same
-scoring code. It has no training_log.json, loss.png or checkpoints: fitting is one call, and `xmcbench run
---resume` fits again from the start. Its model folder:
+scoring code. It has no training_log.json or loss.png: fitting is one call. It runs on the device the method can use
+(WholeMethod.devices: the GPU where the method computes on one and the machine has it), recorded in
+config.json. `xmcbench run --resume` continues a method whose fit keeps checkpoints (it declares
+`checkpoint_dir`) and is refused, in one line, for one that does not. Its model folder:
 
     model/model.json    schema, "whole_method" (the method's name), the config, num_labels, the size and
                         sha256 of every other file of the folder ("files"), and a checksum of itself
     model/labels.json   the label names, in label-id order
+    model/label_info.json  the labels' texts, training counts and inverse propensities (xmcbench.labels)
     model/method/       what WholeMethod.save wrote (pickle-free, by the contract)
 
 Loading checks the folder as `xmcbench.modelio` does for component models: a missing, damaged or edited
@@ -32,10 +35,11 @@ from xmcbench.config import TrainConfig
 from xmcbench.data import Dataset
 from xmcbench.distributed import Distributed
 from xmcbench.errors import XmcError, joined_line
-from xmcbench.interfaces import WholeMethod
+from xmcbench.interfaces import LabelInfo, WholeMethod, call_factory, declared_keywords
+from xmcbench.labels import label_info, load_label_info, save_label_info
 from xmcbench.modelio import REDO, _read_labels, _verify_files, file_digest, read_signed_description, \
     signed_description
-from xmcbench.device import seed_everything, set_threads
+from xmcbench.device import pick_device, seed_everything, set_threads
 from xmcbench.inference import Predictions
 from xmcbench.registry import Registry
 from xmcbench.rundir import ClaimedRun, claim_existing, claim_output
@@ -106,31 +110,53 @@ def run_whole_method(plan, method: type[WholeMethod], output: Path | None, data_
 
     if dist.enabled:
         raise XmcError(f"{plan.method} is a whole method, which runs in one process: run it without torchrun")
+    if resume and not keeps_checkpoints(method):
+        raise XmcError(f"{plan.method} keeps no checkpoint while it fits, so --resume cannot continue it; fit it "
+                       f"again: xmcbench run {plan.method} ... --output {output} --overwrite")
     threads = set_threads(plan.config)
+    device = method_device(plan.method, method, plan.config)
     dataset = plan.loaded or open_dataset(registry, plan.dataset, data_dir, plan.reading)
     check_inputs(plan.method, method, dataset, registry)
     method.check(plan.config, dataset.num_labels)
     output = Path(output) if output else default_output(plan)
     claimed = claim_existing(output) if resume else claim_output(output, overwrite, is_finished)
     try:
-        if resume:
-            log(f"a whole method keeps no checkpoint: {plan.method} is fitted again from the start")
-        return _fit_and_write(plan, method, claimed, dataset, threads, registry, log)
+        return _fit_and_write(plan, method, claimed, dataset, threads, device, registry, log, resume)
     finally:
         claimed.release()
 
 
+def keeps_checkpoints(method: type[WholeMethod]) -> bool:
+    """Whether the method's fit continues from its own checkpoints (it declares `checkpoint_dir`)."""
+    return "checkpoint_dir" in declared_keywords(method.fit)
+
+
+def method_device(name: str, method: type[WholeMethod], config: TrainConfig) -> torch.device:
+    """The device a whole method computes on: config.device when it is one of the method's `devices` (a
+    one-line refusal otherwise); for "auto", the first of them the machine has."""
+    if config.device == "auto":
+        for kind in method.devices:
+            if kind == "cpu" or (kind == "cuda" and torch.cuda.is_available()):
+                return torch.device(kind)
+        raise XmcError(f"{name} computes on {', '.join(method.devices)} only, and this machine has none of them")
+    device = pick_device(config)
+    if device.type not in method.devices:
+        raise XmcError(f"{name} computes on {', '.join(method.devices)} only; drop --set device={config.device}")
+    return device
+
+
 def _fit_and_write(plan, method: type[WholeMethod], claimed: ClaimedRun, dataset: Dataset, threads: int,
-                   registry: Registry, log) -> Path:
+                   device: torch.device, registry: Registry, log, resume: bool) -> Path:
     from xmcbench import runner
 
-    config, output = plan.config, claimed.directory
+    output = claimed.directory
+    config = dataclasses.replace(plan.config, device=str(device))   # what the method computes on
     num_labels = dataset.num_labels
     features = reads_features(method, dataset)
     inputs = f"the dataset's sparse features ({dataset.train_features.shape[1]} columns)" if features else "texts"
     log(f"{plan.method} on {dataset.name}: {dataset.train_labels.shape[0]} train / {dataset.test_labels.shape[0]} "
         f"test documents, {num_labels} labels, read as {inputs}; whole method "
-        f"{method.__module__}.{method.__qualname__}, {threads} threads")
+        f"{method.__module__}.{method.__qualname__}, device {device}, {threads} threads")
     if plan.preset:
         log(f"settings of the {plan.method} preset for {plan.preset} (--set and --config win over it)")
     if "validation_size" in plan.derived:   # the one derived setting a whole method sees: its training rows
@@ -141,18 +167,25 @@ def _fit_and_write(plan, method: type[WholeMethod], claimed: ClaimedRun, dataset
             + ", ".join(f"{key} {value}" for key, value in sorted(dataset.report.items())))
     seed_everything(config.seed)
     train_rows, validation_rows = runner.split_train_rows(dataset, config)
+    weights = runner.propensities(dataset, config)
+    run_labels = label_info(dataset, train_rows, weights.inverse)
     output.mkdir(parents=True, exist_ok=True)
-    runner.write_run_config(output, plan, dataset, registry, {
-        "num_labels": num_labels, "threads": threads, "device": "cpu", "processes": 1,
-        "train_docs": len(train_rows), "validation_docs": len(validation_rows),
-        "whole_method": f"{method.__module__}.{method.__qualname__}", "deterministic": method.deterministic,
-        "inputs": "features" if features else "texts"},
-        packages=method.packages)
+    if resume:
+        log(f"resuming {output}: {plan.method} continues from its checkpoint")
+    else:
+        runner.write_run_config(output, plan, dataset, registry, {
+            "num_labels": num_labels, "threads": threads, "device": str(device), "processes": 1,
+            "train_docs": len(train_rows), "validation_docs": len(validation_rows),
+            "whole_method": f"{method.__module__}.{method.__qualname__}", "deterministic": method.deterministic,
+            "inputs": "features" if features else "texts"},
+            packages=method.packages)
 
     started = time.perf_counter()
     fit = method.fit_features if features else method.fit
-    model = fit(documents_of(dataset, "train", train_rows, features),
-                dataset.train_labels[train_rows][:, :num_labels].tocsr(), num_labels, config, log)
+    checkpoints = output / "checkpoints"
+    model = call_factory(fit, documents_of(dataset, "train", train_rows, features),
+                         dataset.train_labels[train_rows][:, :num_labels].tocsr(), num_labels, config, log,
+                         label_info=run_labels, checkpoint_dir=checkpoints)
     train_seconds = time.perf_counter() - started
     started = time.perf_counter()
     predictions = predict(model, documents_of(dataset, "test", None, features), config.top_k)
@@ -162,29 +195,34 @@ def _fit_and_write(plan, method: type[WholeMethod], claimed: ClaimedRun, dataset
         validation_predictions = predict(model, documents_of(dataset, "train", validation_rows, features),
                                          config.top_k)
 
-    metrics = runner.score(predictions, dataset.test_labels, None, runner.propensities(dataset, config), config.eval_ks)
-    save_model_dir(output / "model", model, plan.method, config, dataset.label_names[:num_labels])
+    metrics = runner.score(predictions, dataset.test_labels, None, weights, config.eval_ks)
+    save_model_dir(output / "model", model, plan.method, config, dataset.label_names[:num_labels], run_labels)
     # one pass over the training documents: the ms/document/epoch of a component method's run
     runner.write_results(output, dataset, metrics, predictions, validation_predictions, validation_rows, train_seconds,
-                         len(train_rows), predict_seconds, False, torch.device("cpu"))
+                         len(train_rows), predict_seconds, resume, device)
+    if not config.keep_checkpoint:
+        shutil.rmtree(checkpoints, ignore_errors=True)
     return claimed.finish()
 
 
 # -- the model folder -------------------------------------------------------------------------------
 
 def save_model_dir(directory: Path, model: WholeMethod, method_name: str, config: TrainConfig,
-                   label_names: list[str]) -> None:
-    """model/: the method's own files in method/, labels.json, and model.json (last, with every file's
-    size and sha256, so an interrupted save is never taken for a complete model)."""
+                   label_names: list[str], label_info: LabelInfo | None = None) -> None:
+    """model/: the method's own files in method/, labels.json, label_info.json, and model.json (last, with
+    every file's size and sha256, so an interrupted save is never taken for a complete model)."""
     directory = Path(directory)
-    if directory.exists():   # an unfinished run's, fitted again by --resume: model.json goes first
+    if directory.exists():   # an unfinished run's, continued by --resume: model.json goes first
         (directory / "model.json").unlink(missing_ok=True)
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
     model.save(directory / METHOD_FOLDER)
     write_json(directory / "labels.json", label_names)
-    files = ["labels.json"] + sorted(path.relative_to(directory).as_posix()
-                                     for path in (directory / METHOD_FOLDER).rglob("*") if path.is_file())
+    files = ["labels.json"]
+    if label_info is not None:
+        files.append(save_label_info(directory, label_info).name)
+    files += sorted(path.relative_to(directory).as_posix()
+                    for path in (directory / METHOD_FOLDER).rglob("*") if path.is_file())
     write_json(directory / "model.json", signed_description({
         "schema": SCHEMA_VERSION,
         "xmcbench_version": xmcbench.__version__,
@@ -230,11 +268,15 @@ def load_model_dir(directory: Path, registry: Registry) -> tuple[WholeMethod, Tr
     except XmcError as error:
         raise XmcError(f"{path}: {joined_line(error)}: the model was written by another xmcbench "
                        f"({meta.get('xmcbench_version')}) or its description is damaged; {REDO}") from None
+    method = spec.value.whole_method
     # the machine it runs on is this one, not the one that trained it
     config = dataclasses.replace(config, device="auto", threads=0)
-    method = spec.value.whole_method
+    config = dataclasses.replace(config, device=str(method_device(name, method, config)))
+    saved_labels = load_label_info(directory, label_names, REDO)
+    if saved_labels is None and "label_info" in declared_keywords(method.load):
+        raise XmcError(f"{path}: {name} reads the labels' information, which this model folder predates; {REDO}")
     try:
-        model = method.load(directory / METHOD_FOLDER, config)
+        model = call_factory(method.load, directory / METHOD_FOLDER, config, label_info=saved_labels)
     except XmcError:
         raise
     except Exception as error:   # a backend's own reader failing on a damaged file
