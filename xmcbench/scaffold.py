@@ -1,7 +1,7 @@
 """`xmcbench new-plugin NAME`: a plugin package to start from, which installs and passes its tests as written.
 
-The package holds one component of each kind (a mean-pooling encoder, a linear recaller, a dot-product ranker,
-a top-clusters sampler), a method that combines them, a test file that runs the conformance suite on each and
+The package holds one component of each kind (a mean-pooling encoder, a linear recaller, a ranker reading each
+label's text through the method's own encoder, a top-clusters sampler), a method that combines them, a test file that runs the conformance suite on each and
 a tiny end-to-end run, a pyproject.toml whose entry point registers the plugin, and a README. Everything is
 meant to be edited; the tests say when an edit breaks a rule.
 """
@@ -61,12 +61,14 @@ python -m pytest -q                   # the conformance suite on each component,
 |---|---|---|
 | encoder | `$name-mean-pooling` | `MeanPoolingEncoder`: the mean of the last layer's token states over the real tokens |
 | recaller | `$name-linear` | `LinearRecaller`: one linear layer to cluster logits |
-| ranker | `$name-dot` | `DotRanker`: a projection of the text and one embedding per label, dot product |
+| ranker | `$name-label-text` | `LabelTextRanker`: the document against each label's text, both read by the method's own encoder (shared, one set of weights), dot product of their projections |
 | sampler | `$name-top-clusters` | `TopClustersSampler`: the recaller's top clusters plus the positives' |
 
 The method `$name` (`$module/plugin.py`) trains them with label clusters of 8 (`cluster_size`), so that the
 ranker and the sampler run even on small datasets, and declares `needs_ranker=True`. Change a component, run
-the tests: each rule the conformance suite checks has a name, and a failure names it. CONTRIBUTING.md of
+the tests: each rule the conformance suite checks has a name, and a failure names it. The ranker reads the
+labels' texts from the `label_info` its factory declares (a dataset without label texts gives the label names)
+and the method's encoder from `encoder`: the two keyword-only parameters of `build_label_text_ranker`. CONTRIBUTING.md of
 xmcbench documents every hook, contract and helper.
 ''')
 
@@ -80,14 +82,15 @@ PLUGIN = Template('''\
 from xmcbench.config import MethodSpec
 from xmcbench.hookspecs import hookimpl
 
-from $module.components import build_dot_ranker, build_linear_recaller, build_mean_pooling, build_top_clusters
+from $module.components import build_label_text_ranker, build_linear_recaller, build_mean_pooling, \
+    build_top_clusters
 
 
 @hookimpl
 def xmcbench_register_components(registry):
     registry.add_component("encoder", "$name-mean-pooling", build_mean_pooling)
     registry.add_component("recaller", "$name-linear", build_linear_recaller)
-    registry.add_component("ranker", "$name-dot", build_dot_ranker)
+    registry.add_component("ranker", "$name-label-text", build_label_text_ranker)
     registry.add_component("sampler", "$name-top-clusters", build_top_clusters)
 
 
@@ -95,8 +98,8 @@ def xmcbench_register_components(registry):
 def xmcbench_register_methods(registry):
     registry.add_method(MethodSpec(
         name="$name",
-        description="$name: mean-pooling encoder, linear recaller, dot-product ranker, top-clusters sampler",
-        defaults={"encoder": "$name-mean-pooling", "recaller": "$name-linear", "ranker": "$name-dot",
+        description="$name: mean-pooling encoder, linear recaller, label-text ranker, top-clusters sampler",
+        defaults={"encoder": "$name-mean-pooling", "recaller": "$name-linear", "ranker": "$name-label-text",
                   "sampler": "$name-top-clusters", "model_name": "sentence-transformers/all-MiniLM-L6-v2",
                   "cluster_size": 8, "top_clusters": 10},
         needs_ranker=True,
@@ -115,8 +118,8 @@ import torch
 from torch import nn
 
 from xmcbench.candidates import candidates_with_positives
-from xmcbench.interfaces import Candidates, Encoder, LabelClusters, Ranker, Recaller, Sampler
-from xmcbench.tokenization import load_pretrained, load_tokenizer, resolve_model_path
+from xmcbench.interfaces import Candidates, Encoder, EpochContext, LabelClusters, LabelInfo, Ranker, Recaller, Sampler
+from xmcbench.tokenization import load_pretrained, load_tokenizer, resolve_model_path, tokenize
 
 
 class MeanPoolingEncoder(Encoder):
@@ -160,19 +163,32 @@ class LinearRecaller(Recaller):
         return self.linear(representation)
 
 
-class DotRanker(Ranker):
-    """(B, D) representation, (B, C) candidate label ids -> (B, C) logits: a projection of the text (B, h)
-    against one learnt embedding (h,) per label."""
+class LabelTextRanker(Ranker):
+    """(B, D) representation, (B, C) candidate label ids -> (B, C) logits: the document's projection (B, h) against
+    the projection of each candidate's text as the method's own encoder reads it (shared: one set of weights,
+    trained by both towers, saved once). In training the candidates' texts are encoded at every step; for
+    prediction every label's text is encoded once, when training ends (finalize), and kept with the model."""
 
-    def __init__(self, in_dim: int, num_labels: int, hidden_size: int, sparse: bool) -> None:
+    def __init__(self, encoder: Encoder, label_texts: list[str], hidden_size: int, max_length: int) -> None:
         super().__init__()
-        self.project = nn.Linear(in_dim, hidden_size)
-        # sparse: a step's gradient holds the rows of its candidates only (xmcbench's optimizer updates those)
-        self.label_embedding = nn.Embedding(num_labels, hidden_size, sparse=sparse)
+        self.encoder = encoder   # the method's encoder itself, not a copy
+        tokens = tokenize(label_texts, encoder.tokenizer, max_length, None, description=None)
+        ids, mask = tokens.batch(torch.arange(len(label_texts)).numpy())
+        self.register_buffer("text_ids", ids, persistent=False)     # (L, T), rebuilt from the texts on load
+        self.register_buffer("text_mask", mask, persistent=False)
+        self.project = nn.Linear(encoder.out_dim, hidden_size)
+        self.register_buffer("label_vectors", torch.zeros(len(label_texts), encoder.out_dim))   # saved
 
     def forward(self, representation: torch.Tensor, candidate_labels: torch.Tensor) -> torch.Tensor:
-        text = self.project(representation).unsqueeze(1)              # (B, 1, h)
-        return (text * self.label_embedding(candidate_labels)).sum(-1)   # (B, C)
+        text = self.project(representation)                                        # (B, h)
+        if not self.training:
+            return torch.einsum("bh,bch->bc", text, self.project(self.label_vectors[candidate_labels]))
+        unique, inverse = torch.unique(candidate_labels, return_inverse=True)       # (U,), (B, C)
+        labels = self.project(self.encoder(self.text_ids[unique], self.text_mask[unique]))   # (U, h)
+        return (text @ labels.T).gather(1, inverse)
+
+    def finalize(self, context: EpochContext) -> None:
+        self.label_vectors.copy_(context.label_embeddings())   # every label's text, encoded by the final encoder
 
 
 class TopClustersSampler(Sampler):
@@ -200,8 +216,10 @@ def build_linear_recaller(config, in_dim: int, num_clusters: int) -> LinearRecal
     return LinearRecaller(in_dim, num_clusters)
 
 
-def build_dot_ranker(config, in_dim: int, num_labels: int) -> DotRanker:
-    return DotRanker(in_dim, num_labels, config.hidden_size, sparse=config.sparse_label_embeddings)
+def build_label_text_ranker(config, in_dim: int, num_labels: int, *, label_info: LabelInfo,
+                            encoder: Encoder) -> LabelTextRanker:
+    # keyword-only parameters: the run's labels (names, texts, counts) and the method's encoder, shared
+    return LabelTextRanker(encoder, list(label_info.texts or label_info.names), config.hidden_size, config.max_length)
 
 
 def build_top_clusters(config) -> TopClustersSampler:
@@ -218,9 +236,10 @@ import pytest
 
 from xmcbench import runner
 from xmcbench.registry import build_registry
-from xmcbench.testing import check_component, make_tiny_transformer, tiny_config, write_tiny_dataset
+from xmcbench.testing import check_component, check_method, make_tiny_transformer, tiny_config, write_tiny_dataset
 
-from $module.components import build_dot_ranker, build_linear_recaller, build_mean_pooling, build_top_clusters
+from $module.components import build_label_text_ranker, build_linear_recaller, build_mean_pooling, \
+    build_top_clusters
 
 
 @pytest.fixture(autouse=True)
@@ -240,7 +259,7 @@ def test_the_plugin_registers_its_components_and_method():
 
 
 @pytest.mark.parametrize("kind, factory", [("encoder", build_mean_pooling), ("recaller", build_linear_recaller),
-                                           ("ranker", build_dot_ranker), ("sampler", build_top_clusters)])
+                                           ("ranker", build_label_text_ranker), ("sampler", build_top_clusters)])
 def test_component_passes_the_conformance_suite(kind, factory, tiny_model):
     check_component(kind, factory, tiny_config(tiny_model))
 
@@ -255,7 +274,13 @@ def test_a_tiny_run(tiny_model, tmp_path):
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert 0 <= metrics["P@1"] <= 100
     resolved = json.loads((run_dir / "config.json").read_text())["resolved"]
-    assert resolved["components"]["ranker"] == "$name-dot"   # clusters: the ranker ran
+    assert resolved["components"]["ranker"] == "$name-label-text"   # clusters: the ranker ran
+
+
+def test_the_method_composes(tiny_model):
+    # shared encoder, save -> load -> predict, exact resume, on the tiny dataset with one text per label
+    check_method(build_registry(), "$name", [f"model_name={tiny_model}", "pretrained_weights=false",
+                                              "cluster_size=2", "top_clusters=2", "hidden_size=8"])
 ''')
 
 
