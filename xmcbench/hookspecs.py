@@ -29,8 +29,11 @@ def xmcbench_register_components(registry):
     calls factories as `factory(config, **exported)` (encoder; `exported` is what `Encoder.export`
     returned, empty for a new model), `factory(config, in_dim, num_clusters)` (recaller),
     `factory(config, in_dim, num_labels)` (ranker) and `factory(config)` (sampler), where `config` is the
-    run's `xmcbench.config.TrainConfig`. `xmcbench.testing.check_component` checks a factory against
-    this contract.
+    run's `xmcbench.config.TrainConfig`, plus the keyword-only parameters a factory declares of `label_info`
+    (the run's `xmcbench.interfaces.LabelInfo`) and `encoder` (the method's encoder, shared; not for encoders).
+    A recaller that is an `xmcbench.interfaces.Retriever` is registered with `retriever=True`.
+    `xmcbench.testing.check_component` checks a factory against this contract, `check_method` a method's
+    composed model.
     """
 
 
