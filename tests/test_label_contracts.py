@@ -340,6 +340,24 @@ def test_lifecycle_events_come_in_order_with_the_models_embeddings(tiny_model_di
     assert bool(model.recaller.label_vectors.abs().sum() > 0), "finalize's index is saved with the model"
 
 
+def test_a_validated_model_hears_finalize_first(tiny_model_dir, labelled_dataset, tmp_path):
+    finalized = []
+
+    class CountingIndex(LabelIndex):
+        def finalize(self, context):
+            finalized.append(self)
+            super().finalize(context)
+
+    registry = build_registry([("dual", dual_plugin(
+        index=lambda config, in_dim, num_labels, *, encoder: CountingIndex(num_labels, in_dim)))])
+    settings = tiny_settings(tiny_model_dir, "validation_size=8", "swa=true", "swa_every_steps=2", "swa_start_epoch=0")
+    run_dir, _ = train(registry, "test-dual", labelled_dataset, tmp_path / "run", [s for s in settings
+                                                                                   if s != "validation_size=0"])
+    validation = json.loads((run_dir / "training_log.json").read_text())["validation"]
+    assert len(validation) == 2 and len(finalized) == 3, "once before each validation, once at the end"
+    assert finalized[0] is not finalized[-1], "the validated SWA average built its own index"
+
+
 def test_without_label_texts_label_embeddings_read_the_label_names(tiny_model_dir, tmp_path):
     seen = {}
 

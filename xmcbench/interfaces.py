@@ -175,14 +175,14 @@ class StageContext:
 
 @dataclass
 class EpochContext:
-    """What a component may use when an epoch begins (`start_epoch`) or when training has ended (`finalize`).
+    """What a component may use when an epoch begins (`start_epoch`) or before a prediction (`finalize`).
 
     Everything here is computed on demand, by the core's one sharded inference loop
     (`xmcbench.inference.map_documents`: eval mode, no gradients, batches of similar length, shared among the
     processes of a distributed run), so a component that asks for nothing costs nothing.
 
-    stage: the stage under way (at finalize: the last one); epoch: the 0-based epoch of that stage about to
-        begin (at finalize: None).
+    stage: the stage under way (at the end of training: the last one); epoch: the 0-based epoch of that stage
+        about to begin (at finalize: None).
     num_documents: N, the training documents (doc_index values are 0..N-1).
     label_info: the run's LabelInfo (names, texts, training counts, inverse propensities).
     document_embeddings() -> (N, D) float32: the encoder's representation of every training document.
@@ -224,9 +224,11 @@ class LifecycleEvents:
     start_stage(StageContext)  a training stage begins (not when a checkpoint resumes inside it).
     start_epoch(EpochContext)  an epoch begins (not when a checkpoint resumes inside it): e.g. mine hard
                                negatives from the current model's document and label embeddings.
-    finalize(EpochContext)     training has ended and the final weights are in place (the SWA average, the
-                               selected epoch), before the test set is predicted and the model saved: e.g.
-                               build a label index.
+    finalize(EpochContext)     prediction is about to read the current weights: before each validation (on
+                               the model validated: the SWA average where averaging runs) and once training has
+                               ended with the final weights in place, before the test set is predicted and the
+                               model saved: e.g. build a label index. It must depend on the weights only, as
+                               it may run several times.
     training_state() / load_training_state(state): what the component keeps between these events beyond its
         weights (e.g. negatives mined at an epoch's start), a dict of tensors that checkpoints carry, so a run
         resumed inside an epoch continues exactly. Not part of the saved model: state a prediction needs
@@ -243,7 +245,7 @@ class LifecycleEvents:
         """Called when an epoch begins (not when a checkpoint resumes inside one)."""
 
     def finalize(self, context: EpochContext) -> None:
-        """Called once training has ended, with the final weights, before prediction and saving."""
+        """Called before each validation and once training has ended: build what prediction reads."""
 
     def training_state(self) -> dict[str, torch.Tensor]:
         return {}

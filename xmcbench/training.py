@@ -94,7 +94,8 @@ class Trainer:
                            "set cluster_size above 1 (e.g. --set cluster_size=8)")
         model.to(device)
         averaging = StochasticWeightAveraging(model, config) if config.swa else None
-        built_in = [averaging, ModelSelection(validate, config, averaging) if validate is not None else None,
+        built_in = [averaging, ModelSelection(self._validate_prepared(validate), config, averaging)
+                    if validate is not None else None,
                     CheckpointCadence(config) if checkpoint_dir is not None else None]
         self.callbacks = [callback for callback in built_in if callback is not None] + list(callbacks)
         self.optimizers: list[torch.optim.Optimizer] = []
@@ -244,34 +245,42 @@ class Trainer:
         self.model.eval()
         self.train_seconds += time.perf_counter() - started   # building an index is part of training
 
-    def _announce(self, event: str, stage: Stage, epoch: int | None) -> None:
-        """Call lifecycle event `event` ("start_epoch" or "finalize") on every component that implements it, with
-        one EpochContext whose embeddings are computed at most once for all of them."""
-        takers = [(component, depth) for _, component, depth in self.model.components() if overrides(component, event)]
+    def _validate_prepared(self, validate: Callable[[nn.Module], float]) -> Callable[[nn.Module], float]:
+        """`validate`, after the model to score (the SWA average or the model itself) has heard `finalize`: a
+        component that builds what prediction reads (a label index) builds it from the weights being scored."""
+        def prepared(candidate: nn.Module) -> float:
+            self._announce("finalize", self.stage, None, candidate)
+            return validate(candidate)
+        return prepared
+
+    def _announce(self, event: str, stage: Stage, epoch: int | None, model: XMCModel | None = None) -> None:
+        """Call lifecycle event `event` ("start_epoch" or "finalize") on every component of `model` (default: the
+        model being trained) that implements it, with one EpochContext whose embeddings are computed at most once
+        for all of them, by that model."""
+        model = model if model is not None else self.model
+        takers = [(component, depth) for _, component, depth in model.components() if overrides(component, event)]
         if not takers:
             return
         shared = EpochContext(stage, epoch, len(self.tokens), self.label_info,
-                              map_documents=lambda function, dim: torch.from_numpy(self._map_training_documents(
-                                  function, Output((dim,), np.float32, 0.0))),
-                              map_labels=self._map_labels, recalled_clusters=self._recalled_clusters,
-                              encoder=self.model.encoder)
+                              map_documents=lambda function, dim: torch.from_numpy(self._map_documents(
+                                  model, self.tokens, function, Output((dim,), np.float32, 0.0))),
+                              map_labels=lambda function, dim: self._map_labels(model, function, dim),
+                              recalled_clusters=self._recalled_clusters, encoder=model.encoder)
         for component, depth in takers:
             context = copy.copy(shared)   # the computed embeddings stay shared (EpochContext.cache)
-            context.recalled_clusters = lambda top, depth=depth: self._recalled_clusters(top, depth)
+            context.recalled_clusters = lambda top, depth=depth: self._recalled_clusters(top, depth, model)
             getattr(component, event)(context)
             self._train_mode()
 
-    def _map_labels(self, function: Callable, dim: int) -> torch.Tensor:
+    def _map_labels(self, model: XMCModel, function: Callable, dim: int) -> torch.Tensor:
         """function(ids, mask) -> (B, dim) over every label's text -> (L, dim) float32 (eval mode, no gradients)."""
         if self._label_tokens is None:
             if self._label_tokens_of is None:
                 raise XmcError("a component of this method embeds the labels' texts, which this trainer was not given "
                                "(Trainer(..., label_tokens=...))")
             self._label_tokens = self._label_tokens_of()
-        (values,) = map_documents(self.model, self._label_tokens, lambda ids, mask: (function(ids, mask),),
-                                  (Output((dim,), np.float32, 0.0),), self.config, self.device, self.dist)
-        self._train_mode()
-        return torch.from_numpy(values)
+        return torch.from_numpy(self._map_documents(model, self._label_tokens, function,
+                                                    Output((dim,), np.float32, 0.0)))
 
     def _end_stage(self) -> None:
         self.emit("on_stage_end", self.stage)
@@ -298,16 +307,22 @@ class Trainer:
                     encoder, Output((encoder.out_dim,), np.float32, 0.0)))
         self._train_mode()
 
-    def _recalled_clusters(self, top: int, depth: int = 0) -> torch.Tensor:
+    def _recalled_clusters(self, top: int, depth: int = 0, model: XMCModel | None = None) -> torch.Tensor:
         """(N, top) long: every training document's top nodes of scoring level `depth` (0: the recaller's)
-        under the current model."""
-        top = min(top, self.model.nodes_at(depth))
-        return torch.from_numpy(self._map_training_documents(
-            lambda ids, mask: self.model.top_nodes(ids, mask, depth, top), Output((top,), np.int64, 0)))
+        under `model` (default: the model being trained)."""
+        model = model if model is not None else self.model
+        top = min(top, model.nodes_at(depth))
+        return torch.from_numpy(self._map_documents(model, self.tokens, lambda ids, mask: model.top_nodes(
+            ids, mask, depth, top), Output((top,), np.int64, 0)))
 
     def _map_training_documents(self, function: Callable, output: Output) -> np.ndarray:
-        (values,) = map_documents(self.model, self.tokens, lambda ids, mask: (function(ids, mask),), (output,),
-                                  self.config, self.device, self.dist)
+        return self._map_documents(self.model, self.tokens, function, output)
+
+    def _map_documents(self, model: XMCModel, tokens: TokenizedTexts, function: Callable, output: Output) -> np.ndarray:
+        """function(ids, mask) -> (B, *shape) over `tokens` in eval mode -> (N, *shape), the training mode of the
+        model being trained restored (inference.map_documents)."""
+        (values,) = map_documents(model, tokens, lambda ids, mask: (function(ids, mask),), (output,), self.config,
+                                  self.device, self.dist)
         self._train_mode()
         return values
 
