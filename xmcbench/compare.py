@@ -71,6 +71,9 @@ def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds
         plan.loaded = plan.loaded or loaded
     if shared_validation:
         check_shared_validation(plans)
+    for plan in plans.values():   # every component's own check, before anything trains
+        if registry.method(plan.method).whole_method is None:
+            runner.check_components(registry, plan, loaded)
     version = loaded.version
     cells: dict[str, list[Path]] = {method: [] for method in methods}
     for (method, seed), plan in plans.items():

@@ -129,6 +129,8 @@ class Registry:
     def __init__(self) -> None:
         self.components: dict[str, dict[str, Entry]] = {kind: {} for kind in COMPONENT_KINDS}
         self.component_options: dict[tuple[str, str], tuple] = {}   # (kind, name) -> its config.Options
+        self.component_checks: dict[tuple[str, str], Callable] = {}   # (kind, name) -> check(config, label_info)
+        self.conformance_options: dict[tuple[str, str], dict] = {}   # (kind, name) -> options the suite builds with
         self.methods: dict[str, Entry] = {}
         self.datasets: dict[str, Entry] = {}
         self.formats: dict[str, Entry] = {}   # data formats (xmcbench.formats.DataFormat) by name
@@ -143,9 +145,19 @@ class Registry:
         self._rejected: list[str] = []   # the current plugin's clashes, recorded once it has loaded
 
     # -- registration (called from hooks) ---------------------------------------------------------
-    def add_component(self, kind: str, name: str, factory: Callable[..., Any], options: tuple = ()) -> None:
+    def add_component(self, kind: str, name: str, factory: Callable[..., Any], options: tuple = (),
+                      check: Callable[..., None] | None = None, conformance_options: dict | None = None) -> None:
         """options: the `xmcbench.config.Option`s the component reads from config.options (checked before a
-        run, listed by `xmcbench plugins --options`)."""
+        run, listed by `xmcbench plugins --options`).
+
+        check: `check(config, label_info)`, called while a run that uses the component is planned, before its
+        output folder is touched: it raises `xmcbench.errors.XmcError` in one line when the component refuses
+        the run's settings (`config`, a TrainConfig) or labels (`label_info`, an `xmcbench.interfaces.LabelInfo`
+        of the run's training rows: `xmcbench.labels.label_info`), and returns None otherwise.
+
+        conformance_options: {option name: value} that `tests/test_conformance.py` (and
+        `xmcbench.testing.conformance_config`) build the component with: what a component with a required
+        option needs to be checked; without them such a component is skipped there, with the reason."""
         if kind not in COMPONENT_KINDS:
             raise RegistrationError(f"plugin {self._origin()} registers a component of unknown kind {kind!r}; "
                                     f"kinds are {', '.join(COMPONENT_KINDS)}")
@@ -156,8 +168,26 @@ class Registry:
         if not all(isinstance(option, Option) for option in options):
             raise RegistrationError(f"plugin {self._origin()} registers {kind} {name!r} with options that are not "
                                     "xmcbench.config.Option objects")
+        if check is not None and not callable(check):
+            raise RegistrationError(f"plugin {self._origin()} registers {kind} {name!r} with a check that is not "
+                                    f"callable: {_short_repr(check)}; give check(config, label_info), or None")
+        if conformance_options is not None:
+            if not isinstance(conformance_options, dict):
+                raise RegistrationError(f"plugin {self._origin()} registers {kind} {name!r} with conformance_options "
+                                        f"that are not a dict of option name -> value: "
+                                        f"{_short_repr(conformance_options)}")
+            declared = [option.name for option in options]
+            undeclared = [key for key in conformance_options if key not in declared]
+            if undeclared:
+                raise RegistrationError(f"plugin {self._origin()} registers {kind} {name!r} with conformance_options "
+                                        f"for {_short_repr(undeclared[0])}, which it does not declare: "
+                                        f"{closest_names_hint(str(undeclared[0]), declared) if declared else 'it declares no option'}")
         if self._add(self.components[kind], f"{kind} {name!r}", name, factory):   # not when the name clashed
             self.component_options[(kind, name)] = tuple(options)
+            if check is not None:
+                self.component_checks[(kind, name)] = check
+            if conformance_options is not None:
+                self.conformance_options[(kind, name)] = dict(conformance_options)
 
     def add_method(self, method) -> None:
         if not isinstance(method, MethodSpec):
@@ -372,7 +402,9 @@ class Registry:
                 table.pop(added, None)
                 for kind, components in self.components.items():
                     if table is components:
-                        self.component_options.pop((kind, added), None)
+                        for per_component in (self.component_options, self.component_checks,
+                                              self.conformance_options):
+                            per_component.pop((kind, added), None)
             self.plugins.remove(info)
             plugin_manager.unregister(plugin)
             raise

@@ -464,6 +464,7 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
     device = pick_device(config, dist)
     dataset = plan.loaded or open_dataset(registry, plan.dataset, data_dir, plan.reading)
     check_flat(plan, dataset, registry)
+    check_components(registry, plan, dataset)
     claimed = None
     output = Path(output) if output else default_output(plan)
     if dist.is_main:
@@ -488,6 +489,27 @@ def check_flat(plan: Plan, dataset: Dataset, registry: Registry) -> None:
         raise XmcError(f"{plan.method} trains a ranker in a stage of its own, which needs label clusters, and this run "
                        f"is flat ({dataset.num_labels} labels, below flat_below={plan.config.flat_below}, or "
                        "cluster_size=1): set cluster_size above 1 (e.g. --set cluster_size=8)")
+
+
+def check_components(registry: Registry, plan: Plan, dataset: Dataset) -> None:
+    """Run the checks of the components a run will use (`add_component(..., check=...)`: a flat run uses no
+    ranker or sampler) on its settings and its labels (xmcbench.labels.label_info), before the output folder
+    is touched; a refusal is one XmcError line naming the component."""
+    from xmcbench.labels import label_info
+
+    config = plan.config
+    flat = resolve_num_clusters(config, dataset.num_labels) == dataset.num_labels
+    checks = [(kind, name, registry.component_checks[(kind, name)])
+              for kind, name in components_that_ran(config, flat).items()
+              if (kind, name) in registry.component_checks]
+    if not checks:
+        return
+    labels = label_info(dataset, config, split_train_rows(dataset, config)[0])
+    for kind, name, check in checks:
+        try:
+            check(config, labels)
+        except XmcError as error:
+            raise XmcError(f"{kind} {name} refuses this run: {joined_line(error)}") from None
 
 
 def components_that_ran(config: TrainConfig, flat: bool) -> dict[str, str]:
