@@ -12,7 +12,8 @@ import pytest
 from xmcbench.config import MethodSpec, Option
 from xmcbench.errors import XmcError
 from xmcbench.hookspecs import hookimpl
-from xmcbench.registry import COMPONENT_KINDS, RejectedName, Registry, build_registry, new_plugin_manager
+from xmcbench.registry import COMPONENT_KINDS, RejectedName, Registry, build_registry, code_record, \
+    new_plugin_manager
 
 
 def install_plugin(site: Path, package: str, plugin_code: str, version: str = "1.0", editable: bool = False) -> Path:
@@ -237,6 +238,50 @@ def site(tmp_path, monkeypatch):
 def unique_package(folder: Path) -> str:
     """A package name no other test imports (modules stay in sys.modules for the session)."""
     return "xmcb_test_" + hashlib.sha256(str(folder).encode()).hexdigest()[:10]
+
+
+# -- which code a registration is: the plugin, its distribution, and its version or source ------------------
+
+INSTALLED_PLUGIN = '''
+from xmcbench.config import MethodSpec
+from xmcbench.hookspecs import hookimpl
+
+
+@hookimpl
+def xmcbench_register_methods(registry):
+    registry.add_method(MethodSpec("installed-method", "a method of an installed plugin"))
+'''
+
+
+def test_a_released_plugin_is_identified_by_its_version_an_editable_one_by_its_source(site, monkeypatch):
+    package = unique_package(site)
+    monkeypatch.setenv("XMCBENCH_PLUGINS", package)
+    folder = install_plugin(site, package, INSTALLED_PLUGIN, version="1.0")
+    registry = build_registry()
+    entry = registry.methods["installed-method"]
+    assert entry.plugin.name == package and entry.plugin.released
+    assert code_record(entry) == {"plugin": package, "distribution": package, "version": "1.0"}
+
+    install_plugin(site, package, INSTALLED_PLUGIN, version="1.0", editable=True)   # pip install -e
+    editable = code_record(build_registry().methods["installed-method"])
+    assert set(editable) == {"plugin", "distribution", "version", "source_sha256"}
+    (folder / "plugin.py").write_text(INSTALLED_PLUGIN + "# a comment changes the code\n")
+    changed = code_record(build_registry().methods["installed-method"])["source_sha256"]
+    assert changed != editable["source_sha256"]
+    (folder / "__pycache__").mkdir(exist_ok=True)   # what is not Python source does not count
+    (folder / "notes.txt").write_text("not source")
+    (folder / "__pycache__" / "plugin.cpython-311.pyc").write_bytes(b"compiled")
+    assert code_record(build_registry().methods["installed-method"])["source_sha256"] == changed
+
+
+def test_development_and_in_process_plugins_are_identified_by_their_source():
+    registry = build_registry(extra_plugins=[("extra", plugin_registering("my-recaller", "my-method"))])
+    # xmcbench's own plugins in this checkout: an editable install or a source tree (.egg-info)
+    lightxml = code_record(registry.methods["lightxml"])
+    assert lightxml["plugin"] == "lightxml" and lightxml["distribution"] == "xmcbench" and "source_sha256" in lightxml
+    extra = code_record(registry.methods["my-method"])   # its hooks are in this file
+    assert extra["distribution"] == "<in-process>" and len(extra["source_sha256"]) == 64
+    assert registry.methods["my-method"].plugin.source == (str(Path(__file__).resolve()),)
 
 
 # -- a component's check and conformance options ----------------------------------------------------------

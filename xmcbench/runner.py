@@ -616,15 +616,20 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
 
 def write_run_config(output: Path, plan: Plan, dataset: Dataset, registry: Registry, resolved: dict,
                      packages: tuple[str, ...] = ()) -> None:
-    """config.json (the method, the dataset and its version, every setting, what was derived, and `resolved`:
-    what the run decided, such as threads, device and the training rows) and environment.json."""
+    """config.json (the method, the dataset and its version, every setting, what was derived, `resolved`:
+    what the run decided, such as threads, device and the training rows, and `provenance`: the code, options
+    and option files behind the result, see compare.provenance) and environment.json (its code part too)."""
+    from xmcbench.compare import provenance
+
     dataset_ref = plan.dataset if plan.dataset in registry.datasets or plan.dataset.startswith(IN_MEMORY) \
         else str(Path(plan.dataset).resolve())
     reading = {} if plan.reading == FormatOptions() else {"reading": dataclasses.asdict(plan.reading)}
+    record = provenance(registry, plan.method, plan.config)
     write_json(output / "config.json", {"method": plan.method, "dataset": dataset_ref, "dataset_name": dataset.name,
                                         "dataset_version": dataset.version, "config": plan.config.to_dict(),
-                                        **reading, **plan.describe(), "resolved": resolved})
-    write_json(output / "environment.json", environment(packages))
+                                        **reading, **plan.describe(), "resolved": resolved, "provenance": record})
+    code = {key: record[key] for key in ("xmcbench", "method", "components") if key in record}
+    write_json(output / "environment.json", {**environment(packages), "provenance": code})
 
 
 def write_results(output: Path, dataset: Dataset, metrics: dict, predictions: Predictions,
