@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -383,6 +384,75 @@ def test_two_runs_given_the_same_output(tmp_path, tiny_model_dir, tiny_dataset):
         assert resumed.returncode == 2 and "Traceback" not in resumed.stderr
     finally:
         claimed.release()
+
+
+# A third-party plugin, installed for the command line: a recaller that reads label texts (its check refuses a
+# dataset without them) from a file its required path option names.
+TEXT_RECALLER_PLUGIN = '''
+from xmcbench.config import MethodSpec, Option
+from xmcbench.errors import XmcError
+from xmcbench.hookspecs import hookimpl
+from xmcbench_lightxml.recaller import build_cluster_linear
+
+
+def needs_label_texts(config, label_info):
+    if not label_info.has_texts:
+        raise XmcError(f"it reads label texts, and none of the {label_info.num_labels} labels has one; use a "
+                       "dataset with label texts")
+
+
+@hookimpl
+def xmcbench_register_components(registry):
+    registry.add_component("recaller", "text-recaller", build_cluster_linear, check=needs_label_texts,
+                           options=(Option("label_file", "path", None, "one text per label", required=True),))
+
+
+@hookimpl
+def xmcbench_register_methods(registry):
+    registry.add_method(MethodSpec("text-method", "LightXML whose recaller reads label texts", defaults={
+        "encoder": "transformer-cls", "recaller": "text-recaller", "ranker": "bottleneck", "sampler": "dynamic"}))
+'''
+
+
+@pytest.fixture
+def text_method(tmp_path, monkeypatch, tiny_model_dir) -> list[str]:
+    """TEXT_RECALLER_PLUGIN installed where `xmcbench` subprocesses find it; returns the tiny run settings."""
+    from tests.test_registry import install_plugin, unique_package
+
+    site = tmp_path / "site"
+    install_plugin(site, unique_package(site), TEXT_RECALLER_PLUGIN)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    return [argument for setting in (f"model_name={tiny_model_dir}", *TINY_SETTINGS) for argument in ("--set", setting)]
+
+
+def test_a_component_that_refuses_the_run(text_method, tmp_path, tiny_dataset, run_copy):
+    (tmp_path / "texts.txt").write_text("a text\n")
+    args = ["run", "text-method", "--dataset", str(tiny_dataset), *text_method, "--set",
+            f"options.label_file={tmp_path / 'texts.txt'}", "--output"]
+    refused = xmcbench(*args, str(tmp_path / "out"))
+    assert_one_line_error(refused, "recaller text-recaller refuses this run: it reads label texts, and none of the 8 "
+                                   "labels has one; use a dataset with label texts")
+    assert not (tmp_path / "out").exists()   # refused while planned: no folder, no .xmcbench-run
+    before = snapshot(run_copy)
+    assert_one_line_error(xmcbench(*args, str(run_copy), "--overwrite"), "recaller text-recaller refuses this run")
+    assert snapshot(run_copy) == before and not list(run_copy.parent.glob(".*xmcbench-replacement"))
+
+
+def test_a_required_option_that_is_not_set(text_method, tmp_path, tiny_dataset):
+    refused = xmcbench("run", "text-method", "--dataset", str(tiny_dataset), *text_method, "--output",
+                       str(tmp_path / "out"))
+    assert_one_line_error(refused, "recaller text-recaller needs options.label_file (one text per label), which has no "
+                                   "default: add --set options.label_file=VALUE")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_path_option_that_names_no_readable_file(text_method, tmp_path, tiny_dataset):
+    for value, message in ((tmp_path / "missing.txt", f"options.label_file={tmp_path / 'missing.txt'}: no such file"),
+                           (tmp_path, f"options.label_file={tmp_path} is a folder; give the path of a file")):
+        refused = xmcbench("run", "text-method", "--dataset", str(tiny_dataset), *text_method, "--set",
+                           f"options.label_file={value}", "--output", str(tmp_path / "out"))
+        assert_one_line_error(refused, message)
+    assert not (tmp_path / "out").exists()
 
 
 def _resign(model: Path, change) -> None:

@@ -3,7 +3,11 @@ each way it checks are caught with a message that names the component and the ru
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,15 +15,17 @@ import torch
 from torch import nn
 
 from xmcbench.candidates import candidates_with_positives, expand_clusters, positive_targets
-from xmcbench.config import TrainConfig
+from xmcbench.config import Option, TrainConfig
+from xmcbench.errors import XmcError
 from xmcbench.interfaces import Candidates, Sampler
 from xmcbench.registry import COMPONENT_KINDS, build_registry
 from xmcbench.testing import (check_component, check_encoder, check_ranker, check_recaller, check_sampler,
-                              tiny_config)
+                              conformance_config, tiny_config)
 from xmcbench_lightxml.encoder import build_transformer_cls
 from xmcbench_lightxml.ranker import BottleneckRanker
 from xmcbench_lightxml.recaller import ClusterLinearRecaller
 from xmcbench_lightxml.sampler import StaticSampler
+from tests.test_registry import install_plugin, unique_package
 
 REGISTRY = build_registry()
 REGISTERED = [(kind, name) for kind in COMPONENT_KINDS for name in sorted(REGISTRY.components[kind])]
@@ -32,7 +38,71 @@ def config(tiny_model_dir) -> TrainConfig:
 
 @pytest.mark.parametrize("kind, name", REGISTERED, ids=[f"{kind}-{name}" for kind, name in REGISTERED])
 def test_every_registered_component_conforms(kind, name, config):
-    check_component(kind, REGISTRY.component(kind, name), config)
+    """Built with the options its plugin registers for conformance; one that needs an option and registers
+    none is skipped with the reason: an installed third-party plugin never turns this suite red for it."""
+    built_with, reason = conformance_config(REGISTRY, kind, name, config)
+    if built_with is None:
+        pytest.skip(reason)
+    check_component(kind, REGISTRY.component(kind, name), built_with)
+
+
+NEEDS_OPTIONS = '''
+from xmcbench.config import Option
+from xmcbench.hookspecs import hookimpl
+from xmcbench_lightxml.recaller import build_cluster_linear
+
+LABEL_FILE = Option("label_file", "path", None, "one text per label", required=True)
+SCALE = Option("scale", float, None, "a scale the recaller cannot guess", required=True, minimum=0)
+
+
+def build_with_file(config, in_dim, num_clusters):
+    LABEL_FILE.value_of(config)   # raises without it, as a recaller reading the file would
+    return build_cluster_linear(config, in_dim, num_clusters)
+
+
+def build_scaled(config, in_dim, num_clusters):
+    assert SCALE.value_of(config) == 2.0
+    return build_cluster_linear(config, in_dim, num_clusters)
+
+
+@hookimpl
+def xmcbench_register_components(registry):
+    registry.add_component("recaller", "needs-a-file", build_with_file, options=(LABEL_FILE,))
+    registry.add_component("recaller", "needs-a-scale", build_scaled, options=(SCALE,),
+                           conformance_options={"scale": "2"})
+'''
+
+
+def test_an_installed_plugin_whose_components_need_options_keeps_this_suite_green(tmp_path):
+    """A third-party plugin installed beside xmcbench, one component needing an option it gives no conformance
+    value for (skipped, with the reason), one giving it (checked): this file, run again, passes."""
+    site = tmp_path / "site"
+    package = unique_package(site)
+    install_plugin(site, package, NEEDS_OPTIONS)
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("XMCBENCH_")}
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider", __file__, "-k",
+                             "not installed_plugin", "-v"], env=environment, cwd=Path(__file__).parents[1],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "test_every_registered_component_conforms[recaller-needs-a-scale] PASSED" in result.stdout
+    assert "test_every_registered_component_conforms[recaller-needs-a-file] SKIPPED" in result.stdout
+    assert (f"recaller needs-a-file (from {package} ({package} 1.0)) needs options.label_file and registers no "
+            "conformance_options giving them") in " ".join(result.stdout.split())
+
+
+def test_conformance_options_are_parsed_like_a_runs(config):
+    from xmcbench.registry import Registry
+
+    registry = Registry()
+    registry.add_component("recaller", "scaled", lambda config, in_dim, num_clusters: None,
+                           options=(Option("scale", float, None, "a scale", required=True, minimum=0),),
+                           conformance_options={"scale": "-1"})
+    with pytest.raises(XmcError, match="conformance_options of recaller scaled: options.scale='-1' is out of range"):
+        conformance_config(registry, "recaller", "scaled", config)
+    registry.conformance_options[("recaller", "scaled")] = {"scale": "3"}
+    built_with, reason = conformance_config(registry, "recaller", "scaled", config)
+    assert built_with.options == {"scale": 3.0} and reason == "" and config.options == {}
 
 
 def test_every_kind_has_a_registered_component():

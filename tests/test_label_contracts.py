@@ -243,7 +243,7 @@ def test_a_stage_that_freezes_the_encoder_freezes_it_inside_the_ranker_too(tiny_
 
     seed_everything(plan.config.seed)   # as the run does before building its model: the same initial weights
     model = build_model(registry, plan.config, runner.label_clusters(dataset, plan.config, train_rows),
-                        label_info=label_info(dataset, train_rows, runner.propensities(dataset).inverse))
+                        label_info=label_info(dataset, plan.config, train_rows))
     before = copy.deepcopy(model.encoder.state_dict())
     plan.loaded = dataset
     run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)

@@ -1,13 +1,42 @@
+import hashlib
+import importlib
+import json
 import subprocess
 import sys
 import types
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from xmcbench.config import MethodSpec
+from xmcbench.config import MethodSpec, Option
 from xmcbench.errors import XmcError
 from xmcbench.hookspecs import hookimpl
-from xmcbench.registry import COMPONENT_KINDS, RejectedName, Registry, build_registry, new_plugin_manager
+from xmcbench.registry import COMPONENT_KINDS, RejectedName, Registry, build_registry, code_record, \
+    new_plugin_manager
+
+
+def install_plugin(site: Path, package: str, plugin_code: str, version: str = "1.0", editable: bool = False) -> Path:
+    """A plugin distribution laid out as pip leaves one in site-packages: the package `package` (plugin.py holding
+    `plugin_code`) and `<package>-<version>.dist-info` with METADATA, an `xmcbench` entry point named like the
+    package and a RECORD listing the package's files; editable: direct_url.json says so, as `pip install -e`
+    writes it. With `site` on sys.path (or PYTHONPATH), build_registry() loads it like any installed plugin.
+    Returns the package folder."""
+    folder = site / package
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "__init__.py").write_text("")
+    (folder / "plugin.py").write_text(plugin_code)
+    dist_info = site / f"{package}-{version}.dist-info"
+    dist_info.mkdir(exist_ok=True)
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
+    (dist_info / "entry_points.txt").write_text(f"[xmcbench]\n{package} = {package}.plugin\n")
+    files = [f"{package}/__init__.py", f"{package}/plugin.py", f"{dist_info.name}/METADATA",
+             f"{dist_info.name}/entry_points.txt", f"{dist_info.name}/RECORD"]
+    (dist_info / "RECORD").write_text("".join(f"{name},,\n" for name in files))
+    if editable:
+        (dist_info / "direct_url.json").write_text(json.dumps({"url": folder.as_uri(), "dir_info": {"editable": True}}))
+    importlib.invalidate_caches()
+    return folder
 
 
 def plugin_registering(component_name: str, method_name: str | None = None):
@@ -188,3 +217,140 @@ def test_importing_the_package_loads_no_plugin():
             "print('xmcbench_lightxml.plugin' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+# -- installed plugins -----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A folder on sys.path to install plugins into (install_plugin); only the plugins named in XMCBENCH_PLUGINS
+    load. Modules imported from it are forgotten afterwards."""
+    folder = tmp_path / "site"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("XMCBENCH_DISABLE_PLUGIN_AUTOLOAD", "1")
+    yield folder
+    for name in [name for name, module in sys.modules.items()
+                 if str(getattr(module, "__file__", None) or "").startswith(str(folder))]:
+        del sys.modules[name]
+
+
+def unique_package(folder: Path) -> str:
+    """A package name no other test imports (modules stay in sys.modules for the session)."""
+    return "xmcb_test_" + hashlib.sha256(str(folder).encode()).hexdigest()[:10]
+
+
+# -- which code a registration is: the plugin, its distribution, and its version or source ------------------
+
+INSTALLED_PLUGIN = '''
+from xmcbench.config import MethodSpec
+from xmcbench.hookspecs import hookimpl
+
+
+@hookimpl
+def xmcbench_register_methods(registry):
+    registry.add_method(MethodSpec("installed-method", "a method of an installed plugin"))
+'''
+
+
+def test_a_released_plugin_is_identified_by_its_version_an_editable_one_by_its_source(site, monkeypatch):
+    package = unique_package(site)
+    monkeypatch.setenv("XMCBENCH_PLUGINS", package)
+    folder = install_plugin(site, package, INSTALLED_PLUGIN, version="1.0")
+    registry = build_registry()
+    entry = registry.methods["installed-method"]
+    assert entry.plugin.name == package and entry.plugin.released
+    assert code_record(entry) == {"plugin": package, "distribution": package, "version": "1.0"}
+
+    install_plugin(site, package, INSTALLED_PLUGIN, version="1.0", editable=True)   # pip install -e
+    editable = code_record(build_registry().methods["installed-method"])
+    assert set(editable) == {"plugin", "distribution", "version", "source_sha256"}
+    (folder / "plugin.py").write_text(INSTALLED_PLUGIN + "# a comment changes the code\n")
+    changed = code_record(build_registry().methods["installed-method"])["source_sha256"]
+    assert changed != editable["source_sha256"]
+    (folder / "__pycache__").mkdir(exist_ok=True)   # what is not Python source does not count
+    (folder / "notes.txt").write_text("not source")
+    (folder / "__pycache__" / "plugin.cpython-311.pyc").write_bytes(b"compiled")
+    assert code_record(build_registry().methods["installed-method"])["source_sha256"] == changed
+
+
+def test_development_and_in_process_plugins_are_identified_by_their_source():
+    registry = build_registry(extra_plugins=[("extra", plugin_registering("my-recaller", "my-method"))])
+    # xmcbench's own plugins in this checkout: an editable install or a source tree (.egg-info)
+    lightxml = code_record(registry.methods["lightxml"])
+    assert lightxml["plugin"] == "lightxml" and lightxml["distribution"] == "xmcbench" and "source_sha256" in lightxml
+    extra = code_record(registry.methods["my-method"])   # its hooks are in this file
+    assert extra["distribution"] == "<in-process>" and len(extra["source_sha256"]) == 64
+    assert registry.methods["my-method"].plugin.source == (str(Path(__file__).resolve()),)
+
+
+# -- a component's check and conformance options ----------------------------------------------------------
+
+def recaller_factory(config, in_dim, num_clusters):
+    from xmcbench_lightxml.recaller import build_cluster_linear
+
+    return build_cluster_linear(config, in_dim, num_clusters)
+
+
+def test_a_check_or_conformance_options_that_cannot_work_are_refused_when_registered():
+    scale = Option("scale", float, None, "a scale", required=True)
+    registry = Registry()
+    with pytest.raises(XmcError, match="registers recaller 'r' with a check that is not callable"):
+        registry.add_component("recaller", "r", recaller_factory, check="always")
+    with pytest.raises(XmcError, match="conformance_options that are not a dict"):
+        registry.add_component("recaller", "r", recaller_factory, options=(scale,), conformance_options=[("scale", 1)])
+    with pytest.raises(XmcError, match="conformance_options for 'scal', which it does not declare: did you mean "
+                                       "'scale'"):
+        registry.add_component("recaller", "r", recaller_factory, options=(scale,), conformance_options={"scal": 1})
+    registry.add_component("recaller", "r", recaller_factory, options=(scale,), check=print,
+                           conformance_options={"scale": 2})
+    assert registry.component_checks[("recaller", "r")] is print
+    assert registry.conformance_options[("recaller", "r")] == {"scale": 2}
+
+
+def test_a_failed_plugins_checks_and_conformance_options_go_with_it():
+    def xmcbench_register_components(registry):
+        registry.add_component("recaller", "checked", recaller_factory, check=print,
+                               options=(Option("scale", float, 1.0, "a scale"),), conformance_options={"scale": 2})
+        raise RuntimeError("after registering")
+
+    registry = build_registry(extra_plugins=[("failing", types.SimpleNamespace(
+        xmcbench_register_components=xmcbench_register_components))], load_entry_points=False)
+    assert registry.failures_of("failing") and not registry.component_checks and not registry.conformance_options
+
+
+def test_a_components_check_gets_the_runs_settings_and_labels(tiny_dataset, tiny_model_dir):
+    from xmcbench import runner
+
+    seen = []
+
+    def xmcbench_register_components(registry):
+        registry.add_component("recaller", "watching", recaller_factory,
+                               check=lambda config, label_info: seen.append(("recaller", config, label_info)))
+        registry.add_component("ranker", "watching", lambda config, in_dim, num_labels: None,
+                               check=lambda config, label_info: seen.append(("ranker", config, label_info)))
+
+    def xmcbench_register_methods(registry):
+        registry.add_method(MethodSpec("watched", "checks what it is given", defaults={
+            "encoder": "transformer-cls", "recaller": "watching", "ranker": "watching", "sampler": "dynamic"}))
+
+    registry = build_registry(extra_plugins=[("watching", types.SimpleNamespace(
+        xmcbench_register_components=xmcbench_register_components,
+        xmcbench_register_methods=xmcbench_register_methods))])
+    dataset = runner.open_dataset(registry, str(tiny_dataset))
+    settings = [f"model_name={tiny_model_dir}", "validation_size=8", "max_train_docs=40"]
+    flat = runner.plan_run(registry, "watched", str(tiny_dataset), set_options=settings)
+    runner.check_components(registry, flat, dataset)
+    assert [kind for kind, _, _ in seen] == ["recaller"]   # a flat run uses no ranker, so it is not asked
+    config, info = seen[0][1:]
+    assert config is flat.config
+    train_rows = runner.split_train_rows(dataset, config)[0]
+    num_labels = dataset.num_labels
+    assert len(train_rows) == 32 and info.names == tuple(dataset.label_names[:num_labels]) and info.texts is None
+    assert info.counts.tolist() == np.asarray(dataset.train_labels[train_rows].sum(axis=0)).ravel()[:num_labels].tolist()
+    assert np.array_equal(info.inverse_propensities, runner.propensities(dataset, config).inverse[:num_labels])
+
+    seen.clear()
+    runner.check_components(registry, runner.plan_run(registry, "watched", str(tiny_dataset),
+                                                      set_options=settings + ["cluster_size=2"]), dataset)
+    assert [kind for kind, _, _ in seen] == ["recaller", "ranker"]

@@ -1,31 +1,72 @@
 """`xmcbench compare`: run every (method, seed) cell that has no saved result, reuse those that do,
 and write a report from the saved results.
 
-A result is identified by a hash of its resolved configuration, the method's stages and the dataset's
-version, so changing any setting, the data or the recipe trains again, and nothing else does.
+A result is identified by its key (result_key): a hash of its resolved configuration, the method's stages, the
+dataset's version and its provenance (`provenance`: the code of the method and of each component — the
+version of the distribution that ships it, or a digest of its source files where that version does not
+identify the code, as in an editable install —, xmcbench's version, every declared option with its default
+filled in, and the contents of the files that path options name). Changing any setting, the data, the recipe,
+a plugin's code, an option's default or an option's file trains again, and nothing else does.
+
+Runs saved before keys held the provenance are found by their old key (legacy_result_key) and adopted once:
+their config.json gets the provenance of the code installed when compare first reuses them (marked
+"adopted"), and they are reused only as long as it stays the same.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import json
 from pathlib import Path
 
+import xmcbench
 from xmcbench import runner
-from xmcbench.config import TrainConfig, training_stages
+from xmcbench.config import PATH_KIND, TrainConfig, training_stages
 from xmcbench.errors import XmcError
 from xmcbench.formats import FormatOptions
-from xmcbench.registry import Registry
-from xmcbench.storage import fingerprint
+from xmcbench.modelio import file_digest
+from xmcbench.registry import COMPONENT_KINDS, Registry, code_record
+from xmcbench.storage import fingerprint, read_json, write_json
 
 
 # Settings added after result keys existed: hashed only when set to something else than their default, so
 # the keys, and with them the runs saved before these settings existed, stay what they were.
-LATER_SETTINGS = ("eval_ks", "propensity_a", "propensity_b", "tree_levels", "level_top")
+LATER_SETTINGS = ("eval_ks", "propensity_a", "propensity_b", "tree_levels", "level_top", "score_combiner", "ranker_weight")
 # Settings that cannot change a result (what is logged where): never hashed, so adding a logger finds the run.
 RESULT_NEUTRAL_SETTINGS = ("loggers",)
 
 
-def result_key(registry: Registry, plan: runner.Plan, dataset_version: str) -> str:
+def provenance(registry: Registry, method: str, config: TrainConfig) -> dict:
+    """What made a run's result besides its settings and data, as JSON values: "xmcbench" (the version),
+    "method" and, for a method built from components, "components" ({kind: {"name", ...}}): each one's
+    `registry.code_record` (plugin, distribution, version, and "source_sha256" where the version does not
+    identify the code); "options": every option the method and its components declare, set or defaulted;
+    "option_files": {name: {"path", "bytes", "sha256"}} of each path option (Option(kind="path")) that names a
+    file. result_key hashes it; config.json records it, environment.json its code part."""
+    spec = registry.method(method)
+    record = {"xmcbench": xmcbench.__version__, "method": code_record(registry.methods[method])}
+    if spec.whole_method is None:
+        record["components"] = {}
+        for kind in COMPONENT_KINDS:
+            name = getattr(config, kind)
+            entry = registry.components[kind].get(name)
+            record["components"][kind] = {"name": name, **(code_record(entry) if entry else {"plugin": None})}
+    declared = runner.declared_options(registry, spec, config)
+    record["options"] = {name: option.value_of(config) for name, (option, _) in sorted(declared.items())}
+    record["option_files"] = {}
+    for name, (option, owner) in sorted(declared.items()):
+        path = record["options"][name]
+        if option.kind == PATH_KIND and path is not None:
+            try:
+                record["option_files"][name] = {"path": str(path), **file_digest(Path(path).expanduser())}
+            except OSError as error:
+                raise XmcError(f"options.{name}={path} ({owner}) cannot be read: {error.strerror}; give a readable "
+                               f"file with --set options.{name}=PATH") from None
+    return json.loads(json.dumps(record, default=str))   # tuples as lists, as config.json reads back
+
+
+def _settings_and_stages(registry: Registry, plan: runner.Plan) -> tuple[dict, list[dict]]:
     stages = [dataclasses.asdict(stage) for stage in training_stages(registry.method(plan.method).stages, plan.config)]
     settings, defaults = plan.config.to_dict(), TrainConfig().to_dict()
     for key in LATER_SETTINGS:
@@ -33,7 +74,50 @@ def result_key(registry: Registry, plan: runner.Plan, dataset_version: str) -> s
             del settings[key]
     for key in RESULT_NEUTRAL_SETTINGS:
         del settings[key]
+    return settings, stages
+
+
+def result_key(registry: Registry, plan: runner.Plan, dataset_version: str, record: dict | None = None) -> str:
+    """The key of a run's result: its settings (LATER_SETTINGS only when not at their default, never the
+    RESULT_NEUTRAL_SETTINGS), stages, dataset version and provenance (record: provenance(), computed when
+    not given)."""
+    settings, stages = _settings_and_stages(registry, plan)
+    record = record if record is not None else provenance(registry, plan.method, plan.config)
+    return fingerprint(plan.method, settings, stages, dataset_version, record)
+
+
+def legacy_result_key(registry: Registry, plan: runner.Plan, dataset_version: str) -> str:
+    """The key runs had before result keys held their provenance: settings, stages and dataset version only.
+    Kept to find those runs (adoptable); never the key of a new run."""
+    settings, stages = _settings_and_stages(registry, plan)
     return fingerprint(plan.method, settings, stages, dataset_version)
+
+
+ADOPTED = "adopted"   # the key of config.json's provenance that marks it recorded after the run, by compare
+
+
+def adoptable(run_dir: Path, record: dict) -> bool:
+    """Whether `run_dir`, a finished run at a legacy key, may stand for a result of provenance `record`: it
+    holds no provenance (saved before keys held one, so the code installed now is taken to be what trained
+    it), or one compare recorded when adopting it that equals `record`."""
+    if not (run_dir / runner.FINISHED_MARKER).exists():
+        return False
+    try:
+        recorded = read_json(run_dir / "config.json").get("provenance")
+    except (OSError, ValueError, AttributeError):
+        return False
+    if recorded is None:
+        return True
+    return isinstance(recorded, dict) and ADOPTED in recorded and \
+        {key: value for key, value in recorded.items() if key != ADOPTED} == record
+
+
+def adopt(run_dir: Path, record: dict) -> None:
+    """Record `record` as the provenance of a run saved before keys held one (see adoptable), once."""
+    saved = read_json(run_dir / "config.json")
+    if "provenance" not in saved:
+        date = datetime.datetime.now().isoformat(timespec="seconds")
+        write_json(run_dir / "config.json", {**saved, "provenance": {**record, ADOPTED: date}})
 
 
 def check_shared_validation(plans: dict[tuple[str, int], runner.Plan]) -> None:
@@ -71,10 +155,21 @@ def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds
         plan.loaded = plan.loaded or loaded
     if shared_validation:
         check_shared_validation(plans)
+    for plan in plans.values():   # every component's own check, before anything trains
+        if registry.method(plan.method).whole_method is None:
+            runner.check_components(registry, plan, loaded)
     version = loaded.version
     cells: dict[str, list[Path]] = {method: [] for method in methods}
     for (method, seed), plan in plans.items():
-        run_dir = results_dir / f"{method}-seed{seed}-{result_key(registry, plan, version)}"
+        record = provenance(registry, method, plan.config)
+        run_dir = results_dir / f"{method}-seed{seed}-{result_key(registry, plan, version, record)}"
+        legacy = results_dir / f"{method}-seed{seed}-{legacy_result_key(registry, plan, version)}"
+        if not run_dir.exists() and adoptable(legacy, record):
+            adopt(legacy, record)
+            log(f"{method} seed {seed}: reusing {legacy} (saved before result keys held the code and option "
+                "files; taken as made by the code installed now)")
+            cells[method].append(legacy)
+            continue
         cells[method].append(run_dir)
         if (run_dir / runner.FINISHED_MARKER).exists():
             log(f"{method} seed {seed}: reusing {run_dir}")

@@ -350,15 +350,42 @@ def coerce_setting(key: str, value: Any, expected, source: str) -> Any:
     raise XmcError(f"{source}: {key} must be {expected.__name__}, got {value!r}")
 
 
+PATH_KIND = "path"   # Option(kind="path"): the path of a file the option names
+
+
+def readable_file(value: Any, key: str, source: str) -> str:
+    """`value` as the absolute path of an existing, readable file (so config.json names it from any folder);
+    XmcError in one line naming `source` and `key` otherwise."""
+    if isinstance(value, Path):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise XmcError(f"{source}: {key} must be the path of a file, got {value!r}")
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise XmcError(f"{source}: {key}={value}: no such file; give the path of an existing file")
+    if not path.is_file():
+        what = "a folder" if path.is_dir() else "not a regular file"
+        raise XmcError(f"{source}: {key}={value} is {what}; give the path of a file")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as error:
+        raise XmcError(f"{source}: {key}={value} cannot be read ({error.strerror}); fix its permissions or give "
+                       "another file") from None
+    return str(path.resolve())
+
+
 @dataclass(frozen=True)
 class Option:
     """A setting a plugin declares for its component or method, set as `--set options.NAME=VALUE`.
 
-    kind: bool, int, float, str, or tuple[int, ...] (a list of positive integers, "2,4,8"); default: its
-    value when not set (the plugin reads it with `Option.value_of(config)`); minimum/maximum: the allowed
-    range of a number; choices: the allowed values. Declared options are checked like core settings before
-    anything runs: an unknown name gets "did you mean", a bad value one line; `xmcbench plugins --options`
-    lists them."""
+    kind: bool, int, float, str, tuple[int, ...] (a list of positive integers, "2,4,8"), or "path" (a file:
+    checked to exist and be readable, kept as its absolute path; a result key of `xmcbench compare` hashes
+    the file's contents); default: its value when not set (the plugin reads it with
+    `Option.value_of(config)`); minimum/maximum: the allowed range of a number; choices: the allowed values;
+    required: the option has no usable default (give None), and a run that does not set it is refused while
+    it is planned. Declared options are checked like core settings before anything runs: an unknown name
+    gets "did you mean", a bad value one line; `xmcbench plugins --options` lists them."""
 
     name: str
     kind: Any
@@ -367,10 +394,18 @@ class Option:
     minimum: float | None = None
     maximum: float | None = None
     choices: tuple | None = None
+    required: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.kind, str) and self.kind != PATH_KIND:
+            raise ValueError(f"option {self.name!r} has kind {self.kind!r}; a kind is bool, int, float, str, "
+                             f"tuple[int, ...] or {PATH_KIND!r}")
 
     def parse(self, value: Any, source: str) -> Any:
         """`value` as this option's kind, checked; XmcError in one line otherwise."""
         key = f"options.{self.name}"
+        if self.kind == PATH_KIND:
+            return readable_file(value, key, source)
         parsed = coerce_setting(key, value, self.kind, source)
         numbers = parsed if isinstance(parsed, tuple) else (parsed,)
         if self.kind in (int, float) or typing.get_origin(self.kind) is tuple:
@@ -384,23 +419,37 @@ class Option:
         return parsed
 
     def value_of(self, config: "TrainConfig") -> Any:
-        """This option's value in a run's config: what was set (checked), else the default."""
+        """This option's value in a run's config: what was set (checked), else the default (a required
+        option that was not set: XmcError, which planning a run raises first)."""
         given = (config.options or {}).get(self.name)
+        if given is None and self.required:
+            raise XmcError(self.missing())
         return self.default if given is None else self.parse(given, "options")
 
+    def missing(self, owner: str = "") -> str:
+        """The one line that refuses a run without this required option; owner: who declares it."""
+        who = f"{owner} needs" if owner else "needs"
+        return f"{who} options.{self.name} ({self.help}), which has no default: add --set options.{self.name}=VALUE"
+
     def describe(self) -> str:
-        kind = "list of int" if typing.get_origin(self.kind) is tuple else self.kind.__name__
+        if self.kind == PATH_KIND:
+            kind = "path of a file"
+        else:
+            kind = "list of int" if typing.get_origin(self.kind) is tuple else self.kind.__name__
         default = ",".join(map(str, self.default)) if isinstance(self.default, tuple) else self.default
+        given = "required" if self.required else f"default {default}"
         allowed = f", at least {self.minimum:g}" if self.minimum is not None else ""
         allowed += f", at most {self.maximum:g}" if self.maximum is not None else ""
         allowed += f", one of {', '.join(map(str, self.choices))}" if self.choices else ""
-        return f"options.{self.name} ({kind}, default {default}{allowed}): {self.help}"
+        return f"options.{self.name} ({kind}, {given}{allowed}): {self.help}"
 
 
 def check_options(options: dict[str, Any], declared: dict[str, tuple["Option", str]], source: str) -> dict[str, Any]:
     """config.options checked against the options declared for a run ({name: (Option, owner)}, owner: the
     component or method that declares it): each value parsed to its kind; an undeclared name ends in one line
-    with the closest declared ones. Returns the parsed options (defaults are not filled in)."""
+    with the closest declared ones; a required option (Option.required) that is not given ends in one line
+    naming `--set options.NAME=VALUE`, as does a path option left at a default that names no readable file.
+    Returns the parsed options (defaults are not filled in)."""
     checked = {}
     for name, value in (options or {}).items():
         if name not in declared:
@@ -409,6 +458,11 @@ def check_options(options: dict[str, Any], declared: dict[str, tuple["Option", s
                 "declared: " + ", ".join(f"options.{key}" for key in sorted(declared))
             raise XmcError(f"{source}: unknown setting options.{name}: {hint}")
         checked[name] = declared[name][0].parse(value, source)
+    for name, (option, owner) in declared.items():
+        if option.required and checked.get(name) is None:
+            raise XmcError(option.missing(owner))
+        if option.kind == PATH_KIND and checked.get(name) is None and option.default is not None:
+            readable_file(option.default, f"options.{name}", f"the default of {owner}")   # its contents are hashed
     return checked
 
 

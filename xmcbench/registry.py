@@ -27,12 +27,15 @@ Environment:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.metadata
 import inspect
+import json
 import os
 import sys
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import pluggy
@@ -57,13 +60,21 @@ HOOK_NAMES = tuple(name for name, value in vars(hookspecs).items()
 @dataclass(frozen=True)
 class PluginInfo:
     """One loaded plugin: its name, the distribution that ships it, the hooks it implements and what it
-    registered."""
+    registered.
+
+    source: the files and folders of its code (the top-level package of its module, or the module file, and
+    the files of its hook functions), which `source_digest` hashes. released: its distribution was installed
+    from a built package (a wheel: a .dist-info whose RECORD lists the plugin's files, not editable), so its
+    version identifies its code; False for editable installs, source checkouts (an .egg-info) and plugins
+    given in-process, whose code only a digest of `source` identifies (see `code_record`)."""
 
     name: str
     package: str
     version: str
     registered: list[str] = field(default_factory=list, hash=False)
     hooks: list[str] = field(default_factory=list, hash=False)
+    source: tuple[str, ...] = field(default=(), hash=False)
+    released: bool = False
 
 
 class FailedPlugin(NamedTuple):
@@ -84,6 +95,7 @@ class RejectedName(FailedPlugin):
 class Entry:
     value: Any
     origin: str  # "plugin-name (package version)" for error messages
+    plugin: PluginInfo | None = None   # the plugin that registered it; None when registered outside plugin loading
 
 
 @dataclass(frozen=True)
@@ -129,6 +141,8 @@ class Registry:
     def __init__(self) -> None:
         self.components: dict[str, dict[str, Entry]] = {kind: {} for kind in COMPONENT_KINDS}
         self.component_options: dict[tuple[str, str], tuple] = {}   # (kind, name) -> its config.Options
+        self.component_checks: dict[tuple[str, str], Callable] = {}   # (kind, name) -> check(config, label_info)
+        self.conformance_options: dict[tuple[str, str], dict] = {}   # (kind, name) -> options the suite builds with
         self.retrievers: set[str] = set()   # recallers registered with retriever=True
         self.methods: dict[str, Entry] = {}
         self.datasets: dict[str, Entry] = {}
@@ -145,11 +159,23 @@ class Registry:
 
     # -- registration (called from hooks) ---------------------------------------------------------
     def add_component(self, kind: str, name: str, factory: Callable[..., Any], options: tuple = (),
+                      check: Callable[..., None] | None = None, conformance_options: dict | None = None,
                       retriever: bool = False) -> None:
         """options: the `xmcbench.config.Option`s the component reads from config.options (checked before a
-        run, listed by `xmcbench plugins --options`). retriever: a recaller whose factory builds an
-        `xmcbench.interfaces.Retriever` (labels found by nearest-neighbour search): with one label per cluster it
-        still shortlists for the method's ranker, which the run checks before anything trains."""
+        run, listed by `xmcbench plugins --options`).
+
+        check: `check(config, label_info)`, called while a run that uses the component is planned, before its
+        output folder is touched: it raises `xmcbench.errors.XmcError` in one line when the component refuses
+        the run's settings (`config`, a TrainConfig) or labels (`label_info`, an `xmcbench.interfaces.LabelInfo`
+        of the run's training rows: `xmcbench.labels.label_info`), and returns None otherwise.
+
+        conformance_options: {option name: value} that `tests/test_conformance.py` (and
+        `xmcbench.testing.conformance_config`) build the component with: what a component with a required
+        option needs to be checked; without them such a component is skipped there, with the reason.
+
+        retriever: a recaller whose factory builds an `xmcbench.interfaces.Retriever` (labels found by
+        nearest-neighbour search): with one label per cluster it still shortlists for the method's ranker, which
+        the run checks before anything trains."""
         if retriever and kind != "recaller":
             raise RegistrationError(f"plugin {self._origin()} registers {kind} {name!r} as a retriever; only a "
                                     "recaller can be one")
@@ -163,8 +189,26 @@ class Registry:
         if not all(isinstance(option, Option) for option in options):
             raise RegistrationError(f"plugin {self._origin()} registers {kind} {name!r} with options that are not "
                                     "xmcbench.config.Option objects")
+        if check is not None and not callable(check):
+            raise RegistrationError(f"plugin {self._origin()} registers {kind} {name!r} with a check that is not "
+                                    f"callable: {_short_repr(check)}; give check(config, label_info), or None")
+        if conformance_options is not None:
+            if not isinstance(conformance_options, dict):
+                raise RegistrationError(f"plugin {self._origin()} registers {kind} {name!r} with conformance_options "
+                                        f"that are not a dict of option name -> value: "
+                                        f"{_short_repr(conformance_options)}")
+            declared = [option.name for option in options]
+            undeclared = [key for key in conformance_options if key not in declared]
+            if undeclared:
+                raise RegistrationError(f"plugin {self._origin()} registers {kind} {name!r} with conformance_options "
+                                        f"for {_short_repr(undeclared[0])}, which it does not declare: "
+                                        f"{closest_names_hint(str(undeclared[0]), declared) if declared else 'it declares no option'}")
         if self._add(self.components[kind], f"{kind} {name!r}", name, factory):   # not when the name clashed
             self.component_options[(kind, name)] = tuple(options)
+            if check is not None:
+                self.component_checks[(kind, name)] = check
+            if conformance_options is not None:
+                self.conformance_options[(kind, name)] = dict(conformance_options)
             if retriever:
                 self.retrievers.add(name)
 
@@ -261,7 +305,7 @@ class Registry:
                                       f"{name!r} was not loaded (the rest of {plugin} was); uninstall or rename "
                                       "one of them")
             return False
-        table[name] = Entry(value, self._origin())
+        table[name] = Entry(value, self._origin(), self._current)
         if self._current is not None:
             self._current.registered.append(what)
             self._added.append((table, name))
@@ -338,17 +382,25 @@ class Registry:
 
     # -- filling ----------------------------------------------------------------------------------
     def register_plugin(self, plugin_manager: pluggy.PluginManager, plugin: Any, name: str,
-                        package: str = "", version: str = "") -> None:
+                        package: str = "", version: str = "",
+                        distribution: importlib.metadata.Distribution | None = None) -> None:
         """Register one plugin object (a module, or any object with hook functions) and run its hooks into
-        this registry.
+        this registry. distribution: the installed distribution that ships it (None: given in-process), which
+        says whether its version identifies its code (PluginInfo.released).
 
         On any failure nothing of the plugin stays: its registrations are removed, it is unregistered from
         `plugin_manager`, and an XmcError with a one-line message is raised (RegistrationError for what the
         registry rejects, PluginLoadError otherwise; for an exception, with where the plugin's code raised
         it). A name registered before (a clash) is not a failure: that name alone is not loaded, and a
         RejectedName in `failed` says so."""
-        info = PluginInfo(name, package or "<in-process>", version)
         plugin = hookable(plugin)
+        try:
+            files, folders = _plugin_code(plugin)
+        except Exception:   # code that cannot be located is identified by nothing but its version
+            files, folders = set(), ()
+        source = tuple(sorted({*folders, *(file for file in files if not file.startswith(folders))}))
+        info = PluginInfo(name, package or "<in-process>", version, source=source,
+                          released=_released(distribution, files))
         hooks = validate_plugin(plugin_manager, plugin, name)
         try:
             plugin_manager.register(plugin, name=name)
@@ -381,7 +433,9 @@ class Registry:
                 table.pop(added, None)
                 for kind, components in self.components.items():
                     if table is components:
-                        self.component_options.pop((kind, added), None)
+                        for per_component in (self.component_options, self.component_checks,
+                                              self.conformance_options):
+                            per_component.pop((kind, added), None)
                         if kind == "recaller":
                             self.retrievers.discard(added)
             self.plugins.remove(info)
@@ -531,6 +585,60 @@ def _raised_at(error: BaseException, plugin: Any) -> str:
     return f" (at {path}:{frame.lineno} in {frame.name})"
 
 
+# -- which code made a result -----------------------------------------------------------------------------
+
+def _released(distribution: importlib.metadata.Distribution | None, files: set[str]) -> bool:
+    """Whether the plugin's code `files` were installed by `distribution` from a built package, so that its
+    version identifies them: a versioned, non-editable distribution (no "editable" in direct_url.json) whose
+    RECORD lists every one of them. An editable install, a source checkout on the path (an .egg-info, which
+    has no RECORD) or code found elsewhere than where the distribution installed it is not released."""
+    if distribution is None or not distribution.version or not files:
+        return False
+    try:
+        direct_url = json.loads(distribution.read_text("direct_url.json") or "{}")
+        if (direct_url.get("dir_info") or {}).get("editable") or distribution.read_text("RECORD") is None:
+            return False
+        installed = {os.path.realpath(distribution.locate_file(path)) for path in distribution.files or ()}
+    except (OSError, ValueError, AttributeError):
+        return False
+    return files <= installed
+
+
+SOURCE_SUFFIX = ".py"   # the source files a digest covers
+
+
+def source_digest(source: tuple[str, ...]) -> str:
+    """sha256 over the Python files of `source` (folders: every *.py below them, caches left out; files:
+    themselves), each named relative to its folder's parent, so the same code gives the same digest
+    wherever it is checked out. A file that vanished counts as missing."""
+    digest = hashlib.sha256()
+    for root in map(Path, source):
+        files = sorted(path for path in root.rglob("*" + SOURCE_SUFFIX) if "__pycache__" not in path.parts) \
+            if root.is_dir() else [root]
+        for path in files:
+            name = f"{root.name}/{path.relative_to(root).as_posix()}" if root.is_dir() else root.name
+            try:
+                content = hashlib.sha256(path.read_bytes()).hexdigest()
+            except OSError:
+                content = "missing"
+            digest.update(f"{name}\0{content}\n".encode())
+    return digest.hexdigest()
+
+
+def code_record(entry: Entry) -> dict:
+    """Which code a registered entry (a method or a component) is, as a result key hashes it and config.json
+    records it: its plugin, the distribution and version that ship it, and, where that version does not
+    identify the code (an editable or development install, a plugin given in-process: not
+    PluginInfo.released), "source_sha256", the source_digest of the plugin's files. An entry registered
+    outside plugin loading has no plugin: the digest is of the file that defines it, if there is one."""
+    info = entry.plugin
+    if info is None:
+        file = _code_file(entry.value) if callable(entry.value) else None
+        return {"plugin": None, **({"source_sha256": source_digest((file,))} if file else {})}
+    record = {"plugin": info.name, "distribution": info.package, "version": info.version}
+    return record if info.released else {**record, "source_sha256": source_digest(info.source)}
+
+
 def _hook_argnames(function: Callable) -> list[str] | None:
     """The argument names pluggy passes by name (those without a default); None if not inspectable."""
     try:
@@ -605,7 +713,7 @@ def build_registry(extra_plugins: list[tuple[str, Any]] = (), load_entry_points:
     plugin_manager = new_plugin_manager()
     registry = Registry()
 
-    def load(name: str, package: str, version: str, get_plugin: Callable[[], Any]) -> None:
+    def load(name: str, package: str, version: str, get_plugin: Callable[[], Any], distribution=None) -> None:
         label = " ".join(part for part in (package, version) if part)
         # a plugin's prints go to stderr, never into a command's output (predict writes JSON to stdout)
         with contextlib.redirect_stdout(sys.stderr):
@@ -616,7 +724,7 @@ def build_registry(extra_plugins: list[tuple[str, Any]] = (), load_entry_points:
                 registry.failed.append(FailedPlugin(name, label, f"import failed: {error_line(error)}"))
                 return
             try:
-                registry.register_plugin(plugin_manager, plugin, name, package, version)
+                registry.register_plugin(plugin_manager, plugin, name, package, version, distribution)
             except (Exception, SystemExit, KeyboardInterrupt) as error:
                 message = joined_line(error) if isinstance(error, XmcError) else error_line(error)
                 registry.failed.append(FailedPlugin(name, label, message))
@@ -637,7 +745,7 @@ def build_registry(extra_plugins: list[tuple[str, Any]] = (), load_entry_points:
             if not autoload and entry_point.name not in requested:
                 registry.skipped.append((entry_point.name, " ".join(p for p in (package, version) if p)))
                 continue
-            load(entry_point.name, package, version, entry_point.load)
+            load(entry_point.name, package, version, entry_point.load, getattr(entry_point, "dist", None))
     for name, plugin in extra_plugins:
         load(name, "<in-process>", "", lambda plugin=plugin: plugin)
     return registry

@@ -472,6 +472,7 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
     device = pick_device(config, dist)
     dataset = plan.loaded or open_dataset(registry, plan.dataset, data_dir, plan.reading)
     check_flat(plan, dataset, registry)
+    check_components(registry, plan, dataset)
     claimed = None
     output = Path(output) if output else default_output(plan)
     if dist.is_main:
@@ -486,19 +487,42 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
             claimed.release()
 
 
+def runs_flat(registry: Registry, config: TrainConfig, num_labels: int) -> bool:
+    """Whether a run scores every label with the recaller alone, without ranker or sampler: one label per cluster,
+    unless the recaller is a retriever that shortlists labels for the ranker and sampler the settings name."""
+    shortlists = config.recaller in registry.retrievers and bool(config.ranker and config.sampler)
+    return resolve_num_clusters(config, num_labels) == num_labels and not shortlists
+
+
 def check_flat(plan: Plan, dataset: Dataset, registry: Registry) -> None:
     """Refuse, before the run folder is touched, a flat run (one logit per label: no clusters, no ranker) of a
     method whose stages train the ranker on its own."""
     spec = registry.method(plan.method)
-    config = plan.config
-    # a retriever shortlists labels for the method's ranker even with one label per cluster
-    shortlists = config.recaller in registry.retrievers and bool(config.ranker and config.sampler)
-    flat = resolve_num_clusters(config, dataset.num_labels) == dataset.num_labels and not shortlists
+    flat = runs_flat(registry, plan.config, dataset.num_labels)
     stages = training_stages(spec.stages, plan.config)
     if flat and any("rank" in stage.losses and "recall" not in stage.losses for stage in stages):
         raise XmcError(f"{plan.method} trains a ranker in a stage of its own, which needs label clusters, and this run "
                        f"is flat ({dataset.num_labels} labels, below flat_below={plan.config.flat_below}, or "
                        "cluster_size=1): set cluster_size above 1 (e.g. --set cluster_size=8)")
+
+
+def check_components(registry: Registry, plan: Plan, dataset: Dataset) -> None:
+    """Run the checks of the components a run will use (`add_component(..., check=...)`: a flat run uses no
+    ranker or sampler) on its settings and its labels (xmcbench.labels.label_info), before the output folder
+    is touched; a refusal is one XmcError line naming the component."""
+    config = plan.config
+    flat = runs_flat(registry, config, dataset.num_labels)
+    checks = [(kind, name, registry.component_checks[(kind, name)])
+              for kind, name in components_that_ran(config, flat).items()
+              if (kind, name) in registry.component_checks]
+    if not checks:
+        return
+    labels = label_info(dataset, config, split_train_rows(dataset, config)[0])
+    for kind, name, check in checks:
+        try:
+            check(config, labels)
+        except XmcError as error:
+            raise XmcError(f"{kind} {name} refuses this run: {joined_line(error)}") from None
 
 
 def components_that_ran(config: TrainConfig, flat: bool) -> dict[str, str]:
@@ -535,7 +559,7 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
     with dist.main_first():   # rank 0 fills the caches, the others read them
         clusters = label_clusters(dataset, config, train_rows)
     weights = propensities(dataset, config)
-    run_labels = label_info(dataset, train_rows, weights.inverse)
+    run_labels = label_info(dataset, config, train_rows, weights)
     model = build_model(registry, config, clusters, label_info=run_labels)
     if model.is_flat:
         dropped = (f"flat run ({dataset.num_labels} labels, one logit each): the ranker {config.ranker!r} and the "
@@ -615,15 +639,20 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
 
 def write_run_config(output: Path, plan: Plan, dataset: Dataset, registry: Registry, resolved: dict,
                      packages: tuple[str, ...] = ()) -> None:
-    """config.json (the method, the dataset and its version, every setting, what was derived, and `resolved`:
-    what the run decided, such as threads, device and the training rows) and environment.json."""
+    """config.json (the method, the dataset and its version, every setting, what was derived, `resolved`:
+    what the run decided, such as threads, device and the training rows, and `provenance`: the code, options
+    and option files behind the result, see compare.provenance) and environment.json (its code part too)."""
+    from xmcbench.compare import provenance
+
     dataset_ref = plan.dataset if plan.dataset in registry.datasets or plan.dataset.startswith(IN_MEMORY) \
         else str(Path(plan.dataset).resolve())
     reading = {} if plan.reading == FormatOptions() else {"reading": dataclasses.asdict(plan.reading)}
+    record = provenance(registry, plan.method, plan.config)
     write_json(output / "config.json", {"method": plan.method, "dataset": dataset_ref, "dataset_name": dataset.name,
                                         "dataset_version": dataset.version, "config": plan.config.to_dict(),
-                                        **reading, **plan.describe(), "resolved": resolved})
-    write_json(output / "environment.json", environment(packages))
+                                        **reading, **plan.describe(), "resolved": resolved, "provenance": record})
+    code = {key: record[key] for key in ("xmcbench", "method", "components") if key in record}
+    write_json(output / "environment.json", {**environment(packages), "provenance": code})
 
 
 def write_results(output: Path, dataset: Dataset, metrics: dict, predictions: Predictions,

@@ -72,8 +72,8 @@ from xmcbench.device import seed_everything
 from xmcbench.tokenization import pads_left, token_ids
 
 __all__ = ["make_tiny_transformer", "tiny_config", "tiny_label_info", "check_encoder", "check_recaller",
-           "check_ranker", "check_sampler", "check_component", "check_method", "check_whole_method", "check_logger",
-           "pickles_in", "write_tiny_dataset", "write_tiny_label_texts"]
+           "check_ranker", "check_sampler", "check_component", "conformance_config", "check_method",
+           "check_whole_method", "check_logger", "pickles_in", "write_tiny_dataset", "write_tiny_label_texts"]
 
 SEED, OTHER_SEED, CALL_SEED = 0, 12345, 7
 NUM_DOCUMENTS = 16          # N training documents a sampler's StageContext describes
@@ -934,6 +934,25 @@ def check_component(kind: str, factory, config) -> None:
     CHECKS[kind](factory, config)
 
 
+def conformance_config(registry, kind: str, name: str, config: TrainConfig) -> tuple[TrainConfig | None, str]:
+    """The config the conformance suite builds a registered component with: `config` plus the component's
+    conformance_options (`registry.add_component(..., conformance_options={...})`), checked like a run's
+    options. Returns (config, "") — or (None, reason) when the component declares a required option
+    (Option(required=True)) that its conformance_options do not give: it cannot be built, and a suite skips
+    it with the reason instead of failing it."""
+    declared = {option.name: option for option in registry.component_options.get((kind, name), ())}
+    given = registry.conformance_options.get((kind, name), {})
+    missing = [option_name for option_name, option in declared.items() if option.required and option_name not in given]
+    if missing:
+        origin = registry.components[kind][name].origin
+        return None, (f"{kind} {name} (from {origin}) needs options.{', options.'.join(missing)} and registers no "
+                      "conformance_options giving them: add_component(..., conformance_options={...})")
+    if not given:
+        return config, ""
+    options = {key: declared[key].parse(value, f"conformance_options of {kind} {name}") for key, value in given.items()}
+    return dataclasses.replace(config, options={**config.options, **options}), ""
+
+
 # -- a tiny dataset -----------------------------------------------------------------------------------
 
 TOPICS = {
@@ -1431,7 +1450,7 @@ def check_method(registry, method: str, settings: list[str] | dict = ()) -> None
         train_rows, _ = runner.split_train_rows(dataset, config)
         with check.rule("building the model must work"):
             model = build_model(registry, config, runner.label_clusters(dataset, config, train_rows),
-                                label_info=label_info(dataset, train_rows, runner.propensities(dataset, config).inverse))
+                                label_info=label_info(dataset, config, train_rows))
         _check_shared_towers(check, model)
 
         quiet = lambda line: None   # noqa: E731

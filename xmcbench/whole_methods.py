@@ -168,7 +168,7 @@ def _fit_and_write(plan, method: type[WholeMethod], claimed: ClaimedRun, dataset
     seed_everything(config.seed)
     train_rows, validation_rows = runner.split_train_rows(dataset, config)
     weights = runner.propensities(dataset, config)
-    run_labels = label_info(dataset, train_rows, weights.inverse)
+    run_labels = label_info(dataset, config, train_rows, weights)
     output.mkdir(parents=True, exist_ok=True)
     if resume:
         log(f"resuming {output}: {plan.method} continues from its checkpoint")
