@@ -162,7 +162,8 @@ def _fit_and_write(plan, method: type[WholeMethod], claimed: ClaimedRun, dataset
         validation_predictions = predict(model, documents_of(dataset, "train", validation_rows, features),
                                          config.top_k)
 
-    metrics = runner.score(predictions, dataset.test_labels, None, runner.propensities(dataset, config), config.eval_ks)
+    metrics = runner.score(predictions, dataset.test_labels, None, runner.propensities(dataset, config), config.eval_ks,
+                           filtered=dataset.test_filter)
     save_model_dir(output / "model", model, plan.method, config, dataset.label_names[:num_labels])
     # one pass over the training documents: the ms/document/epoch of a component method's run
     runner.write_results(output, dataset, metrics, predictions, validation_predictions, validation_rows, train_seconds,
