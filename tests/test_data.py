@@ -359,3 +359,31 @@ def test_label_texts_as_csv_or_json_lines(tmp_path):
         ["a", "b", "cee", "zed"]
     with pytest.raises(XmcError, match="holds label_texts.tsv and label_texts.csv"):
         load_dataset_from_path(_tiny(tmp_path / "two", {"label_texts.tsv": "a\tx\n", "label_texts.csv": csv_table}))
+
+
+@pytest.mark.parametrize("name", DEBIAN)
+def test_shipped_datasets_carry_a_text_for_every_label(name):
+    spec = DatasetSpec(name=name, description="", dirname=name, embedded=_datasets_root() / name)
+    ds = load_dataset(spec)
+    assert ds.label_texts is not None and len(ds.label_texts) == len(ds.label_names)
+    assert "labels_without_text" not in ds.report and "label_texts_unused" not in ds.report
+    # each text starts with its label's name: "devel::lang:python - Software Development: ..."
+    assert all(text.startswith(label) for label, text in zip(ds.label_names, ds.label_texts))
+    described = sum(text != label for label, text in zip(ds.label_names, ds.label_texts))
+    assert described == {"debian-builddeps": 20_813 - 413}.get(name, len(ds.label_names))
+    stats = json.loads((_datasets_root() / name / "stats.json").read_text())
+    assert stats["n_labels_with_text"] == len(ds.label_names) and stats["n_label_texts_only_the_name"] == \
+        len(ds.label_names) - described
+    assert stats["dataset_version"] == ds.version   # what config.json records as dataset_version
+
+
+def test_datasets_command_says_which_have_label_texts():
+    from typer.testing import CliRunner
+
+    from xmcbench.cli import app
+
+    result = CliRunner().invoke(app, ["datasets"])
+    assert result.exit_code == 0 and "files     label texts" in result.output.splitlines()[0]
+    rows = {line.split()[0]: line for line in result.output.splitlines()[2:]}
+    assert all(re.search(r" embedded +yes ", rows[name]) for name in DEBIAN)
+    assert re.search(r" no +\? ", rows["wiki500k"])   # files absent: whether they have texts is unknown
