@@ -155,20 +155,38 @@ def test_label_texts_option_is_recorded_and_read_again(registry, tmp_path):
     runner.rescore_run(run, registry=registry, log=lambda line: None)   # reads the dataset as the run did
 
 
-@pytest.mark.slow
-def test_a_lightxml_run_filters_its_test_and_validation_rows(registry, tiny_model_dir, tmp_path, monkeypatch):
+@pytest.fixture
+def filtered_lf(registry, tmp_path) -> Path:
+    """The tiny topic dataset in the label-feature layout, with two filtered labels per document."""
     from xmcbench.formats import write_dataset
     from xmcbench.testing import write_tiny_dataset
 
     dataset = runner.open_dataset(registry, str(write_tiny_dataset(tmp_path / "tiny", train=40, test=12)))
     rng = np.random.default_rng(0)
-    for split in ("train", "test"):   # two filtered labels per document
+    for split in ("train", "test"):
         rows = dataset.train_labels.shape[0] if split == "train" else dataset.test_labels.shape[0]
         pairs = sp.csr_matrix((np.ones(2 * rows), (np.repeat(np.arange(rows), 2),
                                                    rng.integers(0, dataset.num_labels, 2 * rows))),
                               shape=(rows, len(dataset.label_names)))
         setattr(dataset, f"{split}_filter", pairs)
-    folder = write_dataset(registry, dataset, tmp_path / "lf", "xc_label_features")
+    return write_dataset(registry, dataset, tmp_path / "lf", "xc_label_features")
+
+
+def assert_scored_with_the_filter(registry, run: Path, folder: Path) -> None:
+    """metrics.json equals the score of the run's saved predictions without the dataset's filtered pairs."""
+    metrics = json.loads((run / "metrics.json").read_text())
+    saved = load_file(str(run / "predictions.safetensors"))
+    dataset = runner.open_dataset(registry, str(folder))
+    expected = runner.score(Predictions(saved["labels"], saved["scores"], None), dataset.test_labels, None,
+                            runner.propensities(dataset), (1, 3, 5), filtered=dataset.test_filter)
+    assert metrics["filtered_pairs"] == expected["filtered_pairs"] and metrics["filtered_pairs"]["removed"] > 0
+    assert metrics["P@1"] == pytest.approx(expected["P@1"]) and metrics["PSP@5"] == pytest.approx(expected["PSP@5"])
+    assert runner.evaluate_run(run, registry=registry)["P@5"] == pytest.approx(metrics["P@5"])
+
+
+@pytest.mark.slow
+def test_a_lightxml_run_filters_its_test_and_validation_rows(registry, tiny_model_dir, filtered_lf, tmp_path,
+                                                            monkeypatch):
     scored = []
     original = runner.score
 
@@ -179,15 +197,17 @@ def test_a_lightxml_run_filters_its_test_and_validation_rows(registry, tiny_mode
     monkeypatch.setattr(runner, "score", spy)
     settings = [f"model_name={tiny_model_dir}", "pretrained_weights=false", "num_layers=2", "epochs=1",
                 "max_length=16", "threads=1", "hidden_size=8", "validation_size=8", "batch_size=8"]
-    plan = runner.plan_run(registry, "lightxml", str(folder), set_options=settings)
+    plan = runner.plan_run(registry, "lightxml", str(filtered_lf), set_options=settings)
     run = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     validation, test = scored[0], scored[-1]
     assert validation.shape[0] == 8 and test.shape[0] == 12   # the validation rows' train pairs, the test pairs
-    metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["filtered_pairs"]["listed"] == test.nnz
-    saved = load_file(str(run / "predictions.safetensors"))
-    read_back = runner.open_dataset(registry, str(folder))
-    expected = original(Predictions(saved["labels"], saved["scores"], None), read_back.test_labels, None,
-                        runner.propensities(read_back), (1, 3, 5), filtered=read_back.test_filter)
-    assert metrics["P@1"] == pytest.approx(expected["P@1"]) and metrics["filtered_pairs"] == \
-        expected["filtered_pairs"]
+    monkeypatch.setattr(runner, "score", original)
+    assert_scored_with_the_filter(registry, run, filtered_lf)
+
+
+def test_a_plt_run_on_the_label_feature_layout(registry, filtered_lf, tmp_path):
+    if "plt" not in registry.methods:
+        pytest.skip("the xmcbench-linear plugin (pip install -e 'plugins/xmcbench-linear[all]') is not installed")
+    plan = runner.plan_run(registry, "plt", str(filtered_lf), set_options=["validation_size=8", "threads=1"])
+    run = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    assert_scored_with_the_filter(registry, run, filtered_lf)
