@@ -279,6 +279,58 @@ def test_a_finished_run_directory(tmp_path, tiny_model_dir, tiny_dataset):
     assert (run_dir / "metrics.json").stat().st_mtime_ns > before[run_dir / "metrics.json"][0]
 
 
+# ---------------------------------------------------------------------------------------- label texts and filters
+
+
+def test_a_label_text_file_naming_labels_the_dataset_lacks(tmp_path):
+    # a table may cover a whole taxonomy: names the dataset lacks are counted and left out, never an error
+    table = "a\tthe letter a\nq\tnot in the data\nr\tnor this\n"
+    ds = load_dataset_from_path(write(tmp_path / "d", {"label_texts.tsv": table}))
+    assert ds.label_texts == ["the letter a", "b", "c", "z"]   # labels without a line keep their name
+    assert ds.report == {"unseen_test_labels": 1, "labels_without_text": 3, "label_texts_unused": 2}
+
+
+def test_a_label_text_file_with_duplicate_or_empty_names(tmp_path):
+    for table, expected in (("a\tfirst\nb\tbee\na\tsecond\n", ":3: label 'a' is listed again (first on line 1)"),
+                            ("a\tfirst\n\tno name\n", ":2: the label name is empty")):
+        folder = write(tmp_path / str(len(table)), {"label_texts.tsv": table})
+        with pytest.raises(XmcError) as error:
+            load_dataset_from_path(folder)
+        assert one_line(error).startswith(f"{folder / 'label_texts.tsv'}{expected}")
+
+
+def test_a_label_text_line_without_a_tab(tmp_path):
+    folder = write(tmp_path / "d", {"label_texts.tsv": "a\tfine\nb  spaces, not a tab\n"})
+    assert_one_line_error(xmcbench("convert", str(folder), str(tmp_path / "out"), "--to", "delimited"),
+                          f"{folder / 'label_texts.tsv'}:2: no tab on the line; each line is a label name, a tab")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_label_text_file_that_is_not_utf8(tmp_path):
+    folder = write(tmp_path / "d", {"label_texts.tsv": "a\tfine\nb\tcaf\xe9\n".encode("latin-1")})
+    with pytest.raises(XmcError) as error:
+        load_dataset_from_path(folder)
+    assert one_line(error).startswith(f"{folder / 'label_texts.tsv'}:2: not UTF-8 (byte 12 of the file); label "
+                                      "texts are matched")
+
+
+def test_a_filter_naming_a_document_or_label_out_of_range(tmp_path):
+    from xmcbench.formats import read_dataset
+    from xmcbench.registry import build_registry
+
+    registry = build_registry()
+    files = {"trn_X.txt": "a\nb\n", "trn_X_Y.txt": "2 3\n0:1\n1:1 2:1\n", "tst_X.txt": "c\n",
+             "tst_X_Y.txt": "1 3\n2:1\n"}
+    for pairs, expected in (("0 1\n\n1 0\n", ":3: document 1 is out of range: "),
+                            ("0 3\n", ":1: label 3 is out of range: "), ("0 x\n", ":1: expected 'doc_id label_id'")):
+        folder = write(tmp_path / str(abs(hash(pairs))), {**files, "filter_labels_test.txt": pairs})
+        for name in TINY:
+            (folder / name).unlink()
+        with pytest.raises(XmcError) as error:
+            read_dataset(registry, folder)
+        assert one_line(error).startswith(f"{folder / 'filter_labels_test.txt'}{expected}"), error.value
+
+
 # ---------------------------------------------------------------------------------------- runs, model folders, settings
 
 TINY_SETTINGS = ("pretrained_weights=false", "num_layers=2", "epochs=1", "max_length=32", "threads=1",

@@ -9,6 +9,7 @@ import importlib.resources
 import importlib.util
 import json
 import lzma
+import re
 from pathlib import Path
 
 import numpy as np
@@ -321,3 +322,68 @@ def test_data_dir_from_env(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("XMCBENCH_DATA_DIR", "~/xc")
     assert data_dir_from_env(None) == tmp_path / "xc"
+
+
+# ------------------------------------------------------------------------------------------- label texts
+
+DEBIAN = ("debian-debtags-mini", "debian-debtags", "debian-builddeps")
+
+
+@pytest.mark.parametrize("ext", ["", ".xz", ".gz", ".bz2"])
+def test_label_texts_tsv_gives_each_label_a_text(tmp_path, ext):
+    # b has none, y is not a label of the dataset, the text of c holds a tab and of z is empty
+    table = "a\tthe letter a\nc\tsee\tcee\ny\tunused\nz\t\n"
+    ds = load_dataset_from_path(_tiny(tmp_path / "d", {"label_texts.tsv" + ext: table}))
+    assert ds.label_names == ["a", "b", "c", "z"]
+    assert ds.label_texts == ["the letter a", "b", "see\tcee", "z"]
+    assert ds.report == {"unseen_test_labels": 1, "labels_without_text": 2, "label_texts_unused": 1}
+
+
+def test_label_texts_are_part_of_the_version_only_when_present(tmp_path):
+    without = load_dataset_from_path(_tiny(tmp_path / "without"))
+    assert without.label_texts is None
+    assert without.version == "5a18e65ead1042f5"   # as before label texts existed: users' caches stay valid
+    first = load_dataset_from_path(_tiny(tmp_path / "first", {"label_texts.tsv": "a\tthe letter a\n"}))
+    other = load_dataset_from_path(_tiny(tmp_path / "other", {"label_texts.tsv": "a\tanother text\n"}))
+    assert len({without.version, first.version, other.version}) == 3
+    packed = load_dataset_from_path(_tiny(tmp_path / "packed", {"label_texts.tsv.xz": "a\tthe letter a\n"}))
+    assert packed.version == first.version
+
+
+def test_label_texts_as_csv_or_json_lines(tmp_path):
+    csv_table = 'id,label,text\n1,a,"the letter a, first"\n2,b,"two\nlines"\n'
+    ds = load_dataset_from_path(_tiny(tmp_path / "csv", {"label_texts.csv": csv_table}))
+    assert ds.label_texts == ["the letter a, first", "two\nlines", "c", "z"]
+    jsonl = '{"label": "c", "text": "cee"}\n\n{"label": "z", "text": "zed"}\n'
+    assert load_dataset_from_path(_tiny(tmp_path / "jsonl", {"label_texts.jsonl": jsonl})).label_texts == \
+        ["a", "b", "cee", "zed"]
+    with pytest.raises(XmcError, match="holds label_texts.tsv and label_texts.csv"):
+        load_dataset_from_path(_tiny(tmp_path / "two", {"label_texts.tsv": "a\tx\n", "label_texts.csv": csv_table}))
+
+
+@pytest.mark.parametrize("name", DEBIAN)
+def test_shipped_datasets_carry_a_text_for_every_label(name):
+    spec = DatasetSpec(name=name, description="", dirname=name, embedded=_datasets_root() / name)
+    ds = load_dataset(spec)
+    assert ds.label_texts is not None and len(ds.label_texts) == len(ds.label_names)
+    assert "labels_without_text" not in ds.report and "label_texts_unused" not in ds.report
+    # each text starts with its label's name: "devel::lang:python - Software Development: ..."
+    assert all(text.startswith(label) for label, text in zip(ds.label_names, ds.label_texts))
+    described = sum(text != label for label, text in zip(ds.label_names, ds.label_texts))
+    assert described == {"debian-builddeps": 20_813 - 413}.get(name, len(ds.label_names))
+    stats = json.loads((_datasets_root() / name / "stats.json").read_text())
+    assert stats["n_labels_with_text"] == len(ds.label_names) and stats["n_label_texts_only_the_name"] == \
+        len(ds.label_names) - described
+    assert stats["dataset_version"] == ds.version   # what config.json records as dataset_version
+
+
+def test_datasets_command_says_which_have_label_texts():
+    from typer.testing import CliRunner
+
+    from xmcbench.cli import app
+
+    result = CliRunner().invoke(app, ["datasets"])
+    assert result.exit_code == 0 and "files     label texts" in result.output.splitlines()[0]
+    rows = {line.split()[0]: line for line in result.output.splitlines()[2:]}
+    assert all(re.search(r" embedded +yes ", rows[name]) for name in DEBIAN)
+    assert re.search(r" no +\? ", rows["wiki500k"])   # files absent: whether they have texts is unknown

@@ -60,7 +60,8 @@ def rows_of(dataset: Dataset, split: str) -> list[list[str]]:
 # -- registration -------------------------------------------------------------------------------------
 
 def test_builtin_formats_are_registered_by_their_plugin(registry):
-    assert list(registry.formats) == ["raw_text", "delimited", "xc_sparse", "pecos", "hf_datasets"]
+    assert list(registry.formats) == ["raw_text", "delimited", "xc_sparse", "pecos", "hf_datasets",
+                                      "xc_label_features"]
     info = next(p for p in registry.plugins if p.name == "xmcbench-formats")
     assert info.hooks == ["xmcbench_register_formats"] and "format 'delimited'" in info.registered
     listed = cli.invoke(app, ["plugins"])
@@ -318,7 +319,7 @@ def test_unknown_and_ambiguous_paths_end_in_one_line(tmp_path):
     (folder / "notes.md").write_text("hello\n")
     error = one_error_line(xmcbench("config", "lightxml", "--dataset", str(folder)))
     assert "is in no data format xmcbench recognises (registered formats: delimited, hf_datasets, pecos, raw_text, " \
-           "xc_sparse); choose one with --format NAME" in error
+           "xc_label_features, xc_sparse); choose one with --format NAME" in error
     both = write_xc(tmp_path / "both")
     write_csv_folder(both)
     error = one_error_line(xmcbench("config", "lightxml", "--dataset", str(both)))
@@ -503,3 +504,172 @@ def test_run_on_a_csv_folder(tiny_model_dir, tiny_dataset, tmp_path):
     assert runner.evaluate_run(tmp_path / "run", registry=registry)["P@1"] == pytest.approx(metrics["P@1"])
     assert runner.rescore_run(tmp_path / "run", registry=registry, log=lambda line: None)["P@1"] == metrics["P@1"]
     assert runner.reading_of(recorded) == FormatOptions(text_column="body")
+
+
+# -- label texts and the XC repository's label-feature layout ------------------------------------------------
+
+def write_files(folder: Path, files: dict[str, str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        raw = content.encode()
+        (folder / name).write_bytes(gzip.compress(raw) if name.endswith(".gz") else raw)
+    return folder
+
+
+LF_FILES = {   # 3 train / 2 test documents, 5 label ids; label 4 is on no document
+    "trn_X.txt": "B01->red shoes\nB02->blue shirt\nB03->red hat\n",   # uid prefixes, as some raw files carry
+    "tst_X.txt": "green shoes\nred socks\n",
+    "trn_X_Y.txt.gz": "3 5\n0:1 1:1\n1:1.0\n0:1 2:1\n",
+    "tst_X_Y.txt": "2 5\n\n3:1\n",                                  # an empty line: a document without labels
+    "Y.txt": "Shoes\nShirts\n\nSocks\nUnused\n",                       # label 2 has no text
+    "filter_labels_test.txt": "0 1\n1 3\n1 3\n",                     # a repeated pair counts once
+    "filter_labels_train.txt": "2 2\n",
+}
+
+
+def test_xc_label_features_against_a_hand_written_folder(registry, tmp_path):
+    folder = write_files(tmp_path / "LF-tiny", LF_FILES)
+    assert detect_format(registry, folder).name == "xc_label_features"   # and no other format claims it
+    dataset = read_dataset(registry, folder)
+    assert dataset.train_texts == ["red shoes", "blue shirt", "red hat"] and dataset.test_texts == ["green shoes",
+                                                                                                    "red socks"]
+    # label names are the ids; 0-2 are the training vocabulary, 3 is seen only in test, 4 on no document
+    assert dataset.label_names == ["0", "1", "2", "3"] and dataset.num_labels == 3
+    assert rows_of(dataset, "train") == [["0", "1"], ["1"], ["0", "2"]] and rows_of(dataset, "test") == [[], ["3"]]
+    assert dataset.label_texts == ["Shoes", "Shirts", "2", "Socks"]
+    assert dataset.test_filter.toarray().tolist() == [[0, 1, 0, 0], [0, 0, 0, 1]]
+    assert dataset.train_filter.toarray().tolist() == [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 1, 0]]
+    assert dataset.report == {"uid_prefixed_files": 1, "labels_without_text": 1, "unseen_test_labels": 1,
+                              "empty_test_label_lines": 1}
+    assert dataset.train_features is None
+    changed = write_files(tmp_path / "changed", {**LF_FILES, "filter_labels_test.txt": "0 1\n"})
+    assert read_dataset(registry, changed).version != dataset.version   # the filters are part of the version
+
+
+def test_xc_label_features_reads_bag_of_words_features(registry, tmp_path):
+    files = {name: content for name, content in LF_FILES.items() if not name.endswith("_X.txt")}
+    folder = write_files(tmp_path / "bow", {**files, "trn_X_Xf.txt": "3 4\n0:0.5 3:1\n1:1\n\n",
+                                            "tst_X_Xf.txt": "2 4\n2:0.25\n0:1\n"})
+    dataset = read_dataset(registry, folder)
+    assert dataset.train_texts == [] and dataset.train_features.toarray().tolist() == \
+        [[0.5, 0, 0, 1], [0, 1, 0, 0], [0, 0, 0, 0]]
+    assert dataset.test_features.shape == (2, 4)
+
+
+def test_other_formats_are_not_taken_for_the_label_feature_layout(registry, tmp_path):
+    xc = write_files(tmp_path / "xc", {"train.txt": "2 3 2\n0 0:1\n1 1:1\n", "test.txt": "1 3 2\n0 2:1\n"})
+    assert detect_format(registry, xc).name == "xc_sparse"
+    # trn_X_Y.txt with the three-number header of train.txt is not this layout's label matrix
+    wrong = write_files(tmp_path / "wrong", {**LF_FILES, "trn_X_Y.txt.gz": "3 4 5\n0 0:1\n1 1:1\n2 2:1\n"})
+    with pytest.raises(XmcError, match="is in no data format xmcbench recognises"):
+        detect_format(registry, wrong)
+    with pytest.raises(XmcError, match="trn_X_Y.txt.gz: line 1 is not the 'N C' .rows, columns. header"):
+        read_dataset(registry, wrong, FormatOptions(format_name="xc_label_features"))
+
+
+def label_text_rows(dataset: Dataset, split: str) -> list[list[str]]:
+    """Each document's labels as their texts: what survives a format that renames labels (to ids)."""
+    texts = dict(zip(dataset.label_names, dataset.label_texts))
+    return [sorted(texts[name] for name in row) for row in rows_of(dataset, split)]
+
+
+def dataset_with_label_texts(features: bool = False) -> Dataset:
+    dataset = dataset_from_rows("d", "v", ["red shoes", "blue\tshirt", "hat"], [["shoes"], ["shirts", "shoes"], []],
+                                ["green shoes", "socks"], [["shoes"], ["socks"]], "memory")
+    dataset.label_texts = ["Shirts, tops", "footwear\twith a tab", "socks"]   # label_names: shirts, shoes, socks
+    if features:
+        dataset.train_features = sp.csr_matrix(np.eye(3, 4, dtype=np.float32))
+        dataset.test_features = sp.csr_matrix(np.eye(2, 4, dtype=np.float32))
+        dataset.train_texts, dataset.test_texts = [], []
+    return dataset
+
+
+@pytest.mark.parametrize("format_name", ["raw_text", "delimited", "pecos", "xc_sparse", "xc_label_features",
+                                         "hf_datasets"])
+def test_writers_carry_label_texts(registry, tmp_path, format_name, request):
+    if format_name == "hf_datasets":
+        request.getfixturevalue("hf_datasets")
+    dataset = dataset_with_label_texts(features=format_name == "xc_sparse")
+    read_back = round_trip(registry, dataset, format_name, tmp_path / format_name)
+    assert read_back.label_texts is not None
+    for split in ("train", "test"):
+        assert label_text_rows(read_back, split) == label_text_rows(dataset, split)
+    if format_name not in ("xc_label_features", "xc_sparse"):   # the layouts whose label names are ids
+        assert dict(zip(read_back.label_names, read_back.label_texts)) == dict(zip(dataset.label_names,
+                                                                                  dataset.label_texts))
+
+
+def test_the_label_feature_layout_keeps_filters_and_names(registry, tmp_path):
+    dataset = dataset_with_label_texts()
+    dataset.label_texts = None
+    dataset.test_filter = sp.csr_matrix(np.array([[0, 1, 1], [1, 0, 0]], dtype=np.float32))
+    read_back = round_trip(registry, dataset, "xc_label_features", tmp_path / "lf")
+    assert read_back.label_texts == dataset.label_names   # names that are not ids survive as the labels' texts
+    assert label_text_rows(read_back, "test") == [["shoes"], ["socks"]]
+    texts = np.array(read_back.label_texts)
+    filtered = sp.csr_matrix(read_back.test_filter)
+    assert [sorted(texts[filtered.indices[filtered.indptr[i]:filtered.indptr[i + 1]]]) for i in range(2)] == \
+        [["shoes", "socks"], ["shirts"]]
+    assert read_back.train_filter is None
+
+
+def test_label_texts_option_for_a_single_file(registry, tmp_path):
+    data_file = tmp_path / "tickets.csv"
+    data_file.write_text("text,labels\n" + "".join(f"doc {i},t{i % 3}\n" for i in range(10)))
+    table = write_files(tmp_path / "a", {"labels.tsv": "t0\tprinters\nt1\tnetwork\nt9\ta label no ticket has\n"})
+    options = FormatOptions(test_size=0.3, label_texts=str(table / "labels.tsv"))
+    dataset = runner.open_dataset(registry, str(data_file), options=options)
+    assert dict(zip(dataset.label_names, dataset.label_texts)) == {"t0": "printers", "t1": "network", "t2": "t2"}
+    assert dataset.report == {"labels_without_text": 1, "label_texts_unused": 1}
+    plain = runner.open_dataset(registry, str(data_file), options=FormatOptions(test_size=0.3))
+    assert plain.label_texts is None and plain.version != dataset.version
+    # the version follows the table's contents, not where it lies; a relative path is kept absolute
+    moved = write_files(tmp_path / "b", {"t.tsv": (table / "labels.tsv").read_text()})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        relative = FormatOptions(test_size=0.3, label_texts=str(Path(moved.name) / "t.tsv"))
+    assert runner.open_dataset(registry, str(data_file), options=relative).version == dataset.version
+    assert relative.label_texts == str(moved / "t.tsv")
+    edited = write_files(tmp_path / "c", {"t.tsv": "t0\tprinting\n"})
+    assert runner.open_dataset(registry, str(data_file), options=FormatOptions(
+        test_size=0.3, label_texts=str(edited / "t.tsv"))).version != dataset.version
+
+
+def test_a_dataset_with_its_own_label_texts_refuses_the_option(registry, tmp_path):
+    folder = write_files(tmp_path / "raw", {"train_texts.txt": "a\nb\n", "train_labels.txt": "x\ny\n",
+                                            "test_texts.txt": "c\n", "test_labels.txt": "x\n",
+                                            "label_texts.tsv": "x\tex\n"})
+    table = write_files(tmp_path / "t", {"other.tsv": "x\tanother\n"})
+    with pytest.raises(XmcError, match="carries label texts of its own .from label_texts.tsv.; drop --label-texts"):
+        runner.open_dataset(registry, str(folder), options=FormatOptions(label_texts=str(table / "other.tsv")))
+    lf = write_files(tmp_path / "lf", LF_FILES)
+    with pytest.raises(XmcError, match="carries label texts of its own .from its xc_label_features files."):
+        runner.open_dataset(registry, str(lf), options=FormatOptions(label_texts=str(table / "other.tsv")))
+    (lf / "label_texts.tsv").write_text("0\tshoes\n")
+    with pytest.raises(XmcError, match="holds Y.txt and label_texts.tsv, two sources of label texts; keep one"):
+        runner.open_dataset(registry, str(lf))
+    with pytest.raises(XmcError, match="read a folder or file, not the registered dataset"):
+        runner.open_dataset(registry, "debian-debtags-mini", options=FormatOptions(label_texts=str(table / "o.tsv")))
+
+
+def test_convert_carries_label_texts_and_says_what_it_leaves_out(tmp_path):
+    source = write_files(tmp_path / "raw", {"train_texts.txt": "a\nb\n", "train_labels.txt": "x\ny\n",
+                                            "test_texts.txt": "c\n", "test_labels.txt": "x\n",
+                                            "label_texts.tsv.xz": ""})
+    (source / "label_texts.tsv.xz").unlink()
+    import lzma
+
+    (source / "label_texts.tsv.xz").write_bytes(lzma.compress("x\tthe x label\ny\twhy\n".encode()))
+    result = xmcbench("convert", str(source), str(tmp_path / "csv"), "--to", "delimited")
+    assert result.returncode == 0 and "2 labels with texts" in result.stdout, result.stderr
+    assert xmcbench("convert", str(tmp_path / "csv"), str(tmp_path / "back"), "--to", "raw_text").returncode == 0
+    assert (tmp_path / "back" / "label_texts.tsv").read_text() == "x\tthe x label\ny\twhy\n"
+    lf = write_files(tmp_path / "lf", LF_FILES)
+    result = xmcbench("convert", str(lf), str(tmp_path / "lf-raw"), "--to", "raw_text")
+    assert result.returncode == 0 and \
+        "not written (raw_text has no place for them): filtered (document, label) pairs" in result.stdout
+    result = xmcbench("convert", str(lf), str(tmp_path / "lf-again"), "--to", "xc_label_features")
+    assert result.returncode == 0 and "not written" not in result.stdout
+    assert (tmp_path / "lf-again" / "filter_labels_test.txt").read_text() == "0 1\n1 3\n"
+    labelled = runner.open_dataset(build_registry(), str(tmp_path / "lf-raw"))
+    assert labelled.label_texts == ["Shoes", "Shirts", "2", "Socks"] and labelled.test_filter is None

@@ -162,8 +162,7 @@ def labelled_dataset(tmp_path):
 
 def open_with_texts(registry, folder):
     dataset = runner.open_dataset(registry, str(folder))
-    if dataset.label_texts is None:   # until the raw-text reader reads label_texts.tsv
-        dataset.label_texts = [TOPICS[name] for name in dataset.label_names]
+    assert dataset.label_texts == [TOPICS[name] for name in dataset.label_names], "label_texts.tsv was read"
     return dataset
 
 
@@ -198,7 +197,7 @@ def test_factories_receive_label_info_and_the_encoder_they_declare(tiny_model_di
         seen["encoder"], seen["label_info"] = encoder, label_info
         return LabelTower(encoder, label_info)
 
-    registry = build_registry([("dual", dual_plugin(tower=recording_tower))], load_entry_points=True)
+    registry = build_registry([("contracts-test", dual_plugin(tower=recording_tower))], load_entry_points=True)
     run_dir, dataset = train(registry, "test-dual", labelled_dataset, tmp_path / "run", tiny_settings(tiny_model_dir))
     info = seen["label_info"]
     train_rows, _ = runner.split_train_rows(dataset, TrainConfig(validation_size=0))
@@ -217,7 +216,7 @@ def test_factories_receive_label_info_and_the_encoder_they_declare(tiny_model_di
 
 
 def test_a_shared_encoder_is_saved_and_counted_once(tiny_model_dir, labelled_dataset, tmp_path):
-    registry = build_registry([("dual", dual_plugin())])
+    registry = build_registry([("contracts-test", dual_plugin())])
     run_dir, _ = train(registry, "test-dual", labelled_dataset, tmp_path / "run", tiny_settings(tiny_model_dir))
     weights = load_file(str(run_dir / "model" / "weights.safetensors"))
     assert not [name for name in weights if name.startswith("ranker.encoder.")], "shared weights stored twice"
@@ -228,7 +227,7 @@ def test_a_shared_encoder_is_saved_and_counted_once(tiny_model_dir, labelled_dat
 
 
 def test_a_stage_that_freezes_the_encoder_freezes_it_inside_the_ranker_too(tiny_model_dir, labelled_dataset, tmp_path):
-    registry = build_registry([("dual", dual_plugin())])
+    registry = build_registry([("contracts-test", dual_plugin())])
     frozen_encoder = (Stage("ranker-only", trains=("ranker",), losses=("rank",)),)
     spec = registry.methods["test-dual"].value
     registry.methods["test-dual"] = type(registry.methods["test-dual"])(
@@ -257,7 +256,7 @@ def test_a_rankers_own_loss_is_the_loss_trained(tiny_model_dir, labelled_dataset
         def loss(self, logits, candidates):
             return logits.sum() * 0.0 + 4.25
 
-    registry = build_registry([("dual", dual_plugin(
+    registry = build_registry([("contracts-test", dual_plugin(
         tower=lambda config, in_dim, num_labels, *, encoder, label_info: ConstantLossTower(encoder, label_info)))])
     run_dir, _ = train(registry, "test-dual", labelled_dataset, tmp_path / "run", tiny_settings(tiny_model_dir))
     steps = json.loads((run_dir / "training_log.json").read_text())["steps"]
@@ -330,7 +329,7 @@ def test_lifecycle_events_come_in_order_with_the_models_embeddings(tiny_model_di
             events.append(("finalize", context.epoch))
             super().finalize(context)
 
-    registry = build_registry([("dual", dual_plugin(
+    registry = build_registry([("contracts-test", dual_plugin(
         index=lambda config, in_dim, num_labels, *, encoder: RecordingIndex(num_labels, in_dim)))])
     run_dir, dataset = train(registry, "test-dual", labelled_dataset, tmp_path / "run", tiny_settings(tiny_model_dir))
     documents, labels = (48, 64), (dataset.num_labels, 64)
@@ -348,7 +347,7 @@ def test_a_validated_model_hears_finalize_first(tiny_model_dir, labelled_dataset
             finalized.append(self)
             super().finalize(context)
 
-    registry = build_registry([("dual", dual_plugin(
+    registry = build_registry([("contracts-test", dual_plugin(
         index=lambda config, in_dim, num_labels, *, encoder: CountingIndex(num_labels, in_dim)))])
     settings = tiny_settings(tiny_model_dir, "validation_size=8", "swa=true", "swa_every_steps=2", "swa_start_epoch=0")
     run_dir, _ = train(registry, "test-dual", labelled_dataset, tmp_path / "run", [s for s in settings
@@ -366,7 +365,7 @@ def test_without_label_texts_label_embeddings_read_the_label_names(tiny_model_di
             seen["texts"] = context.label_info.texts
             super().finalize(context)
 
-    registry = build_registry([("dual", dual_plugin(
+    registry = build_registry([("contracts-test", dual_plugin(
         index=lambda config, in_dim, num_labels, *, encoder: NamesIndex(num_labels, in_dim),
         tower=lambda config, in_dim, num_labels, *, encoder, label_info: LabelTower(
             encoder, types.SimpleNamespace(texts=label_info.names, num_labels=label_info.num_labels))))])
@@ -381,7 +380,7 @@ def test_without_label_texts_label_embeddings_read_the_label_names(tiny_model_di
 # -- the retriever path -----------------------------------------------------------------------------------
 
 def test_prediction_goes_through_search_not_a_score_of_every_label(tiny_model_dir, labelled_dataset, tmp_path):
-    registry = build_registry([("dual", dual_plugin())])
+    registry = build_registry([("contracts-test", dual_plugin())])
     run_dir, dataset = train(registry, "test-dual", labelled_dataset, tmp_path / "run", tiny_settings(tiny_model_dir))
     model, config, names = load_model_dir(run_dir, registry)
     expected = runner.predict_saved_model(model, dataset.test_texts, None, config)
@@ -398,7 +397,7 @@ def test_prediction_goes_through_search_not_a_score_of_every_label(tiny_model_di
 
 
 def test_a_retriever_registered_without_the_flag_is_refused(tiny_model_dir, labelled_dataset, tmp_path):
-    registry = build_registry([("dual", dual_plugin(retriever=False))])
+    registry = build_registry([("contracts-test", dual_plugin(retriever=False))])
     with pytest.raises(XmcError, match="trains a ranker in a stage of its own"):
         train(registry, "test-dual", labelled_dataset, tmp_path / "run", tiny_settings(tiny_model_dir))
     assert not (tmp_path / "run").exists(), "refused before the run folder was touched"
@@ -407,7 +406,7 @@ def test_a_retriever_registered_without_the_flag_is_refused(tiny_model_dir, labe
 # -- check_method catches broken compositions ---------------------------------------------------------------
 
 def test_the_dual_encoder_and_lightxml_pass_check_method(tiny_model_dir):
-    registry = build_registry([("dual", dual_plugin())])
+    registry = build_registry([("contracts-test", dual_plugin())])
     check_method(registry, "test-dual", [f"model_name={tiny_model_dir}"])
     check_method(registry, "lightxml", [f"model_name={tiny_model_dir}", "num_layers=2", "pretrained_weights=false",
                                         "cluster_size=2"])
@@ -417,7 +416,7 @@ def test_check_method_catches_a_tower_that_copies_the_encoder(tiny_model_dir):
     def copying(config, in_dim, num_labels, *, encoder, label_info):
         return LabelTower(copy.deepcopy(encoder), label_info)
 
-    registry = build_registry([("dual", dual_plugin(tower=copying))])
+    registry = build_registry([("contracts-test", dual_plugin(tower=copying))])
     with pytest.raises(AssertionError, match="must use it, not a copy"):
         check_method(registry, "test-dual", [f"model_name={tiny_model_dir}"])
 
@@ -429,14 +428,14 @@ def test_check_method_catches_a_weight_wrapped_twice(tiny_model_dir):
             first = next(encoder.parameters())
             self.alias = nn.Parameter(first.data)
 
-    registry = build_registry([("dual", dual_plugin(
+    registry = build_registry([("contracts-test", dual_plugin(
         tower=lambda config, in_dim, num_labels, *, encoder, label_info: Rewrapping(encoder, label_info)))])
     with pytest.raises(AssertionError, match="each weight must be one parameter"):
         check_method(registry, "test-dual", [f"model_name={tiny_model_dir}"])
 
 
 def test_check_method_catches_prediction_state_that_is_not_saved(tiny_model_dir):
-    registry = build_registry([("dual", dual_plugin(
+    registry = build_registry([("contracts-test", dual_plugin(
         tower=lambda config, in_dim, num_labels, *, encoder, label_info: LabelTower(encoder, label_info,
                                                                                     persistent=False)))])
     with pytest.raises(AssertionError, match="saved and loaded model must predict the test texts as the run did"):
@@ -444,7 +443,7 @@ def test_check_method_catches_prediction_state_that_is_not_saved(tiny_model_dir)
 
 
 def test_check_method_catches_epoch_state_missing_from_checkpoints(tiny_model_dir):
-    registry = build_registry([("dual", dual_plugin(mined=lambda config: MinedNegatives(keeps_state=False)))])
+    registry = build_registry([("contracts-test", dual_plugin(mined=lambda config: MinedNegatives(keeps_state=False)))])
     with pytest.raises(AssertionError, match="resumed inside an epoch must end as the uninterrupted run"):
         check_method(registry, "test-dual", [f"model_name={tiny_model_dir}"])
 

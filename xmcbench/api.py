@@ -249,7 +249,7 @@ class Predictor:
             found = runner.predict_saved_model(model, documents, key, config,
                                                description="predicting test", tokenizing="tokenizing test")
             return runner.score(found, truth, model, runner.propensities(dataset, config, self.label_names),
-                                config.eval_ks)
+                                config.eval_ks, filtered=runner.filtered_pairs(dataset, "test", self.label_names))
         labels, _ = self._top(lambda model: runner.test_documents(model, dataset, self._registry),
                               self._ensemble.top_k, key, "predicting test")
         return ensembles._score(labels, dataset, self._ensemble.members, scoring)

@@ -45,6 +45,9 @@ LabelSeparatorOption = typer.Option(None, "--label-separator",
                                          "one, else ',' if a cell has one, else whitespace]")
 IdColumnOption = typer.Option(None, "--id-column", help="column of document ids: --test-size keeps each id's rows "
                                                         "on one side")
+LabelTextsOption = typer.Option(None, "--label-texts", help="table of label texts for a dataset whose files carry "
+                                                            "none: label<TAB>text lines (or .csv / .jsonl with "
+                                                            "label and text columns)")
 TestSizeOption = typer.Option(None, "--test-size", help="split a single file: the share (e.g. 0.2) or number of "
                                                         "rows that become the test set (seeded)")
 FusionOption = typer.Option("sum", "--fusion", help="sum: raw scores summed (the paper's rule, one method family); "
@@ -70,9 +73,11 @@ def run_command(method: Optional[str] = typer.Argument(None, help="method name, 
                 data_format: Optional[str] = DataFormatOption, text_column: Optional[str] = TextColumnOption,
                 label_column: Optional[str] = LabelColumnOption,
                 label_separator: Optional[str] = LabelSeparatorOption,
-                id_column: Optional[str] = IdColumnOption, test_size: Optional[float] = TestSizeOption):
+                id_column: Optional[str] = IdColumnOption, test_size: Optional[float] = TestSizeOption,
+                label_texts: Optional[Path] = LabelTextsOption):
     """Train METHOD on a dataset, predict its test set, score it and write a run directory."""
-    reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size)
+    reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size,
+                             label_texts)
     if resume is not None:
         if method or dataset or set_options or config_file or output or seed is not None or threads is not None \
                 or reading != FormatOptions():
@@ -102,19 +107,23 @@ def config_command(method: str = typer.Argument(...), dataset: Optional[str] = D
                    data_format: Optional[str] = DataFormatOption, text_column: Optional[str] = TextColumnOption,
                    label_column: Optional[str] = LabelColumnOption,
                    label_separator: Optional[str] = LabelSeparatorOption,
-                   id_column: Optional[str] = IdColumnOption, test_size: Optional[float] = TestSizeOption):
+                   id_column: Optional[str] = IdColumnOption, test_size: Optional[float] = TestSizeOption,
+                   label_texts: Optional[Path] = LabelTextsOption):
     """Print the fully resolved configuration of a run without running it: every setting, and for a dataset
     without a preset, the settings derived from its statistics with what each follows from."""
-    reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size)
+    reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size,
+                             label_texts)
     typer.echo(json.dumps(api.resolved_config(method, dataset, seed=seed, reading=reading, config_file=config_file,
                                               data_dir=data_dir, set_options=list(set_options or [])), indent=2))
 
 
 def format_options(data_format: str | None, text_column: str | None, label_column: str | None,
-                   label_separator: str | None, id_column: str | None, test_size: float | None) -> FormatOptions:
+                   label_separator: str | None, id_column: str | None, test_size: float | None,
+                   label_texts: Path | None = None) -> FormatOptions:
     """The reading options of a --dataset path, as one FormatOptions."""
     return FormatOptions(format_name=data_format, text_column=text_column, label_column=label_column,
-                         label_separator=label_separator, id_column=id_column, test_size=test_size)
+                         label_separator=label_separator, id_column=id_column, test_size=test_size,
+                         label_texts=None if label_texts is None else str(label_texts))
 
 
 @app.command("predict")
@@ -156,6 +165,7 @@ def evaluate_command(run_dir: Optional[Path] = typer.Argument(None, help="a run 
                      label_column: Optional[str] = LabelColumnOption,
                      label_separator: Optional[str] = LabelSeparatorOption,
                      id_column: Optional[str] = IdColumnOption, test_size: Optional[float] = TestSizeOption,
+                     label_texts: Optional[Path] = LabelTextsOption,
                      predictions: Optional[Path] = typer.Option(None, "--predictions",
                                                                 help="score this score matrix instead of a run: a "
                                                                      "scipy CSR (test documents x labels) saved "
@@ -175,7 +185,8 @@ def evaluate_command(run_dir: Optional[Path] = typer.Argument(None, help="a run 
                                                                           "propensity_a, propensity_b")):
     """Score a saved model (or an ensemble of runs) on a dataset's test split, or, with --predictions, the
     scores of any system."""
-    reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size)
+    reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size,
+                             label_texts)
     set_options = list(set_options or [])
     if (run_dir is None) == (predictions is None):
         raise XmcError("give a run directory or --predictions FILE.npz (with --dataset), one of the two")
@@ -269,7 +280,7 @@ def plugins_command(options: bool = typer.Option(False, "--options", help="also 
 @app.command("datasets")
 def datasets_command(data_dir: Optional[Path] = DataDirOption):
     """List the registered datasets, their sizes and whether their files are present."""
-    from xmcbench.data import data_dir_from_env, resolve_files
+    from xmcbench.data import data_dir_from_env, label_texts_file, resolve_files
 
     registry = build_registry()
     where = data_dir_from_env(data_dir)
@@ -281,13 +292,14 @@ def datasets_command(data_dir: Optional[Path] = DataDirOption):
     for name, entry in sorted(registry.datasets.items()):
         spec = entry.value
         try:
-            resolve_files(spec, where)
+            folder = resolve_files(spec, where)
             present = "embedded" if spec.embedded is not None else "yes"
+            texts = "yes" if label_texts_file(folder) is not None else "no"
         except XmcError:
-            present = "no"
+            present, texts = "no", "?"
         rows.append([name + (" (default)" if name == default else ""), spec.num_train, spec.num_test,
-                     spec.num_labels, present, spec.description])
-    typer.echo(tabulate(rows, headers=["dataset", "train", "test", "labels", "files", "description"],
+                     spec.num_labels, present, texts, spec.description])
+    typer.echo(tabulate(rows, headers=["dataset", "train", "test", "labels", "files", "label texts", "description"],
                         intfmt=",", tablefmt="simple"))
 
 
@@ -312,18 +324,23 @@ def convert_command(source: str = typer.Argument(..., help="registered dataset n
                     label_column: Optional[str] = LabelColumnOption,
                     label_separator: Optional[str] = LabelSeparatorOption,
                     id_column: Optional[str] = IdColumnOption, test_size: Optional[float] = TestSizeOption,
+                    label_texts: Optional[Path] = LabelTextsOption,
                     data_dir: Optional[Path] = DataDirOption):
     """Read a dataset (with the same reading options as run) and write it in another data format; the folder
     written reads back with the format's defaults."""
-    from xmcbench.formats import write_dataset
+    from xmcbench.formats import not_written, write_dataset
 
     registry = build_registry()
     registry.format(to)   # an unknown name fails before anything is read
-    reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size)
+    reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size,
+                             label_texts)
     dataset = runner.open_dataset(registry, source, data_dir, reading)
     folder = write_dataset(registry, dataset, output, to)
+    left_out = not_written(registry.format(to), dataset)
     typer.echo(f"{dataset.name}: {dataset.train_labels.shape[0]:,} train / {dataset.test_labels.shape[0]:,} test "
-               f"documents, {len(dataset.label_names):,} labels, written as {to} to {folder}")
+               f"documents, {len(dataset.label_names):,} labels{' with texts' if dataset.label_texts else ''}, "
+               f"written as {to} to {folder}"
+               + (f"; not written ({to} has no place for them): {', '.join(left_out)}" if left_out else ""))
 
 
 @app.command("report")
@@ -371,7 +388,8 @@ def compare_command(methods: List[str] = typer.Argument(..., help="methods to co
                     data_format: Optional[str] = CompareDataFormatOption,
                     text_column: Optional[str] = TextColumnOption, label_column: Optional[str] = LabelColumnOption,
                     label_separator: Optional[str] = LabelSeparatorOption,
-                    id_column: Optional[str] = IdColumnOption, test_size: Optional[float] = TestSizeOption):
+                    id_column: Optional[str] = IdColumnOption, test_size: Optional[float] = TestSizeOption,
+                    label_texts: Optional[Path] = LabelTextsOption):
     """Train every (method, seed) cell without a saved result, reuse the rest, and write a report."""
     import shlex
 
@@ -381,7 +399,7 @@ def compare_command(methods: List[str] = typer.Argument(..., help="methods to co
     path = compare(build_registry(), methods, dataset, seeds, output, set_options or [], config_file, baseline,
                    fmt, ensemble, data_dir, command, log=lambda line: typer.echo(line, err=True), fusion=fusion,
                    reading=format_options(data_format, text_column, label_column, label_separator, id_column,
-                                          test_size))
+                                          test_size, label_texts))
     typer.echo(f"report: {path}")
 
 

@@ -4,7 +4,9 @@ A dataset folder holds four line-aligned files, one document per line:
 
     train_texts.txt   train_labels.txt   test_texts.txt   test_labels.txt
 
-Label lines hold whitespace-separated label names. The public copies of the paper's benchmarks also ship
+Label lines hold whitespace-separated label names. An optional ``label_texts.tsv`` gives labels a text
+(``label<TAB>text`` per line; ``label_texts.csv`` / ``label_texts.jsonl`` with ``label`` and ``text`` columns
+also do), see ``read_label_table``. The public copies of the paper's benchmarks also ship
 ``train_raw_texts.txt`` / ``test_raw_texts.txt`` (their ``*_texts.txt`` are already tokenised); the raw ones
 are preferred when present. Every file may instead be stored as ``.xz``, ``.gz`` or ``.bz2``. Optional sparse
 features of the training documents (``train_v1.txt``, LightXML's svmlight file, or ``train.txt``, the Extreme
@@ -88,7 +90,9 @@ class Dataset:
     ``report`` holds only the policies that changed something; keys: ``crlf_lines``, ``lone_carriage_returns``,
     ``non_utf8_lines``,
     ``utf8_bom_files``, ``empty_texts``, ``empty_train_label_lines``, ``empty_test_label_lines``,
-    ``duplicate_label_lines``, ``unseen_test_labels`` (distinct test labels absent from train).
+    ``duplicate_label_lines``, ``unseen_test_labels`` (distinct test labels absent from train),
+    ``labels_without_text`` (labels that keep their name as text), ``label_texts_unused`` (label-text lines naming a
+    label the dataset lacks), ``uid_prefixed_files`` (files whose ``uid->`` line prefixes were dropped).
     """
 
     name: str
@@ -148,6 +152,19 @@ def _first_file(folder: PathLike, names: tuple[str, ...]) -> Traversable | Path 
             if candidate.is_file():
                 return candidate
     return None
+
+
+# A dataset folder's optional table of label texts, in any of these layouts (read_label_table).
+LABEL_TEXTS_FILES = ("label_texts.tsv", "label_texts.csv", "label_texts.jsonl")
+
+
+def label_texts_file(folder: PathLike) -> Traversable | Path | None:
+    """The folder's table of label texts (LABEL_TEXTS_FILES, plain or compressed), or None."""
+    found = [file for name in LABEL_TEXTS_FILES if (file := _first_file(folder, (name,))) is not None]
+    if len(found) > 1:
+        raise XmcError(f"{folder} holds {found[0].name} and {found[1].name}: a dataset has one table of label texts; "
+                       "remove one of them")
+    return found[0] if found else None
 
 
 _EXPECTED = "train_texts.txt (or train_raw_texts.txt), train_labels.txt, test_texts.txt, test_labels.txt"
@@ -363,6 +380,127 @@ def read_label_lines(path: PathLike) -> list[list[str]]:
         return list(map(split_labels, _read_lines(path, {}, errors="backslashreplace")))
 
 
+# ---------------------------------------------------------------------------------------------- label texts
+
+
+@dataclass(frozen=True)
+class LabelTable:
+    """A table of label texts as read from its file: ``texts`` maps label name -> text, in file order;
+    ``digest``: sha256 (hex) of the file's decompressed bytes, for the dataset version."""
+
+    texts: dict[str, str]
+    digest: str
+
+
+def _table_kind(file: PathLike) -> str:
+    """tsv, csv or jsonl from the file's name (a compression suffix is looked through); tsv by default."""
+    name = (Path(file) if isinstance(file, str) else file).name.lower()
+    for ext in _COMPRESSED:
+        name = name.removesuffix(ext)
+    return "csv" if name.endswith(".csv") else "jsonl" if name.endswith((".jsonl", ".ndjson")) else "tsv"
+
+
+def read_label_table(file: PathLike) -> LabelTable:
+    """A table of label texts: ``label<TAB>text`` per line (the text runs to the line end and may hold tabs), or
+    for a ``.csv`` / ``.jsonl`` name a header row / one object per line with ``label`` and ``text``. Plain or
+    .xz/.gz/.bz2. Strict, since a wrong match trains silently on wrong texts: the file must be UTF-8, every
+    line needs its tab, and a label name may be neither empty nor listed twice (XmcError in one line naming the
+    file and line). A label the dataset lacks is not an error here (see ``texts_for_labels``)."""
+    try:
+        with open_binary(file) as stream:
+            raw = stream.read()
+    except (OSError, EOFError, lzma.LZMAError, zlib.error) as err:
+        raise XmcError(f"cannot read {file}: {err}; check the file, or re-download / decompress it by hand") from None
+    digest = hashlib.sha256(raw).hexdigest()
+    try:
+        content = raw.removeprefix(_BOM).decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.removeprefix(_BOM)[:err.start].count(b"\n") + 1
+        raise XmcError(f"{file}:{line}: not UTF-8 (byte {err.start} of the file); label texts are matched to label "
+                       "names by their exact characters, so save the file as UTF-8") from None
+    kind = _table_kind(file)
+    rows = _tsv_rows(file, content) if kind == "tsv" else _csv_rows(file, content) if kind == "csv" \
+        else _jsonl_rows(file, content)
+    texts: dict[str, str] = {}
+    first_line: dict[str, int] = {}
+    for line, label, text in rows:
+        if not label:
+            raise XmcError(f"{file}:{line}: the label name is empty; each row names a label, then its text")
+        if label in first_line:
+            raise XmcError(f"{file}:{line}: label {label!r} is listed again (first on line {first_line[label]}); "
+                           "give each label one text")
+        first_line[label] = line
+        texts[label] = text
+    return LabelTable(texts, digest)
+
+
+def _tsv_rows(file: PathLike, content: str):
+    lines = content.replace("\r\n", "\n").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for number, line in enumerate(lines, start=1):
+        label, tab, text = line.partition("\t")
+        if not tab:
+            raise XmcError(f"{file}:{number}: no tab on the line; each line is a label name, a tab, then its text")
+        yield number, label, text
+
+
+def _csv_rows(file: PathLike, content: str):
+    import csv
+    import io
+    import sys
+
+    csv.field_size_limit(sys.maxsize)
+    reader = csv.reader(io.StringIO(content, newline=""))
+    try:
+        header = next(reader, None)
+        if header is None or "label" not in header or "text" not in header:
+            raise XmcError(f"{file}: the header row must name the columns 'label' and 'text' (it has: "
+                           f"{', '.join(header or []) or 'none'})")
+        label_at, text_at = header.index("label"), header.index("text")
+        for row in reader:
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise XmcError(f"{file}:{reader.line_num}: the row has {len(row)} fields but the header has "
+                               f"{len(header)}; quote fields that contain commas or line breaks")
+            yield reader.line_num, row[label_at], row[text_at]
+    except csv.Error as error:
+        raise XmcError(f"{file}:{reader.line_num}: {error}; check the quoting of that row") from None
+
+
+def _jsonl_rows(file: PathLike, content: str):
+    import json
+
+    for number, line in enumerate(content.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise XmcError(f"{file}:{number}: not a JSON object ({error.msg}); write one "
+                           '{"label": ..., "text": ...} object per line') from None
+        if not isinstance(record, dict) or not isinstance(record.get("label"), str) \
+                or not isinstance(record.get("text"), str):
+            raise XmcError(f"{file}:{number}: expected an object with the strings \"label\" and \"text\"")
+        yield number, record["label"], record["text"]
+
+
+def texts_for_labels(label_names: list[str], texts: dict[str, str], counts: dict[str, int]) -> list[str]:
+    """One text per label of ``label_names``: its text in ``texts`` (label name -> text), else (absent, empty or
+    only whitespace) its name, counted as ``labels_without_text``. Names in ``texts`` that are not labels of the
+    dataset are counted as ``label_texts_unused`` and left out: a table may cover a whole taxonomy."""
+    result, without = [], 0
+    for name in label_names:
+        text = texts.get(name)
+        if text is None or not text.strip():
+            text, without = name, without + 1
+        result.append(text)
+    _count(counts, "labels_without_text", without)
+    _count(counts, "label_texts_unused", len(set(texts).difference(label_names)))
+    return result
+
+
 def _label_matrix(rows: list[list[str]], vocab: dict[str, int], width: int) -> tuple[sp.csr_matrix, int]:
     """0/1 matrix (len(rows), width) float32 from label-name lists, and how many rows had a repeated label."""
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
@@ -449,6 +587,13 @@ def _load(spec: DatasetSpec, folder: Traversable | Path) -> Dataset:
     test_labels, test_dups = _label_matrix(test_rows, vocab, len(label_names))
     _count(counts, "duplicate_label_lines", train_dups + test_dups)
 
+    label_texts = None
+    table_file = label_texts_file(folder)
+    if table_file is not None:   # only then part of the version, so a folder without one keeps its old version
+        table = read_label_table(table_file)
+        digests.append(f"label_texts {table.digest}\n")
+        label_texts = texts_for_labels(label_names, table.texts, counts)
+
     return Dataset(
         name=spec.name,
         version=hashlib.sha256("".join(digests).encode()).hexdigest()[:16],
@@ -462,6 +607,7 @@ def _load(spec: DatasetSpec, folder: Traversable | Path) -> Dataset:
         propensity_a=spec.propensity_a,
         propensity_b=spec.propensity_b,
         report=counts,
+        label_texts=label_texts,
     )
 
 

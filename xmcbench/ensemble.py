@@ -368,15 +368,16 @@ def _score(labels: np.ndarray, dataset, members: list[Member], set_options: Sequ
     """Metrics of test-set top lists (ids in the members' vocabulary) at the first member's eval_ks, with the
     propensities every run and `xmcbench evaluate` use (runner.propensities: the dataset's whole training
     set), so an ensemble's row compares with its members' rows."""
-    from xmcbench.runner import propensities, remap_labels
+    from xmcbench.runner import filtered_pairs, propensities, remap_labels, without_filtered_pairs
 
     names = members[0].label_names
     config = scoring_config(members, set_options)
     weights = propensities(dataset, config, names)
     truth = remap_labels(dataset.test_labels, dataset.label_names, names)
+    labels, removal = without_filtered_pairs(labels, filtered_pairs(dataset, "test", names))
     metrics = evaluate(labels, truth, ks=config.eval_ks, inv_propensity=weights.inverse,
                        label_counts=weights.label_counts)
-    return {**metrics, "propensity": weights.record()}
+    return {**metrics, **removal, "propensity": weights.record()}
 
 
 def _predict_member(member: Member, texts: list[str], texts_key: str | None, top_k: int, registry: Registry,

@@ -4,7 +4,13 @@ a folder or file in a layout other than the raw-text one.
 A format is a `DataFormat` registered through the `xmcbench_register_formats` hook: a name, a `detect`
 function that recognises a path, a `read` function that turns the path into an `xmcbench.data.Dataset`, and
 optionally a `write` function (the inverse). `FormatOptions` carries what the user said about the data
-(`--text-column`, `--label-column`, `--label-separator`, `--id-column`, `--test-size`, the split seed).
+(`--text-column`, `--label-column`, `--label-separator`, `--id-column`, `--test-size`, the split seed,
+`--label-texts`).
+
+Label texts: a format's `read` may fill `Dataset.label_texts` from its own files (the XC repository's `Y.txt`);
+otherwise `read_dataset` takes them from a table of label texts in the dataset's folder (`label_texts.tsv`, see
+`xmcbench.data.read_label_table`) or from `--label-texts FILE`. A dataset that has label texts of its own
+refuses `--label-texts`, so no file silently wins over another.
 
 Helpers every reader may use: `dataset_from_rows` (label-name lists to the Dataset contract), `split_test`
 (a seeded, optionally grouped train/test split of a single file), `content_version` (the cache key of the
@@ -16,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from itertools import chain
 from pathlib import Path
 from typing import Callable
@@ -24,7 +30,8 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from xmcbench.data import Dataset, _gc_paused, _label_matrix, open_binary
+from xmcbench.data import Dataset, _gc_paused, _label_matrix, label_texts_file, open_binary, read_label_table, \
+    texts_for_labels
 from xmcbench.errors import XmcError
 from xmcbench.storage import fingerprint
 
@@ -38,7 +45,9 @@ class FormatOptions:
 
     format_name: the format to read with (--format), None to detect it. test_size: for a single file, the share
     (0 < x < 1) or the number (an integer >= 1) of rows, or of groups when id_column is set, that become the
-    test set; seed: the seed of that split.
+    test set; seed: the seed of that split. label_texts: a table of label texts (xmcbench.data.read_label_table)
+    for a dataset whose files carry none; kept as an absolute path, so a run's config.json finds it from
+    anywhere.
     """
 
     format_name: str | None = None
@@ -48,12 +57,18 @@ class FormatOptions:
     id_column: str | None = None
     test_size: float | None = None
     seed: int = 0
+    label_texts: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.label_texts is not None:
+            object.__setattr__(self, "label_texts", str(Path(self.label_texts).expanduser().resolve()))
 
     def given(self) -> dict:
-        """The options the user set, for error messages and for the dataset version (the seed counts
-        only with a split)."""
+        """The options the user set that shape how the files are read, for error messages and for the dataset
+        version (the seed counts only with a split). label_texts is left out: the version counts the contents
+        of that file (with_label_table), not where it lies."""
         values = {key: value for key, value in asdict(self).items()
-                  if value is not None and key not in ("seed", "format_name")}
+                  if value is not None and key not in ("seed", "format_name", "label_texts")}
         if self.test_size is not None:
             values["seed"] = self.seed
         return values
@@ -79,8 +94,10 @@ class DataFormat:
         `test_features` (N, D) float32 csr when the format has them); user mistakes raise XmcError in one line.
         Its `version` must change with the files' contents and with the options that shaped the result.
     write(dataset, folder, options) -> None, or None when the format is read-only: writes `dataset` into the
-        new folder `folder` so that `read` gives it back (texts, labels, features, as far as the format holds them).
+        new folder `folder` so that `read` gives it back (texts, labels, features, label texts, as far as the
+        format holds them; `write_label_table` puts label texts where `read_dataset` finds them).
     extra: the optional dependency group the format needs (`pip install 'xmcbench[EXTRA]'`), "" for none.
+    writes_filters: whether `write` keeps `test_filter` / `train_filter` (`convert` says when they are left out).
     """
 
     name: str
@@ -89,6 +106,7 @@ class DataFormat:
     read: Callable[[Path, FormatOptions], Dataset]
     write: Callable[[Dataset, Path, FormatOptions], None] | None = None
     extra: str = ""
+    writes_filters: bool = False
 
 
 # ---------------------------------------------------------------------------------------------- choosing
@@ -120,7 +138,61 @@ def read_dataset(registry, path: Path, options: FormatOptions | None = None) -> 
     if not path.exists():
         raise XmcError(f"{path} does not exist; pass a folder or file holding the dataset")
     data_format = registry.format(options.format_name) if options.format_name else detect_format(registry, path)
-    return data_format.read(path, options)
+    dataset = data_format.read(path, options)
+    own_table = label_texts_file(path) if path.is_dir() else None
+    if own_table is not None and dataset.label_texts is None:
+        dataset = with_label_table(dataset, own_table)
+    if options.label_texts is not None:
+        if dataset.label_texts is not None:
+            source = own_table.name if own_table is not None else f"its {data_format.name} files"
+            raise XmcError(f"{path} carries label texts of its own (from {source}); drop --label-texts, or remove "
+                           f"the dataset's own so that {options.label_texts} gives them")
+        dataset = with_label_table(dataset, Path(options.label_texts))
+    return dataset
+
+
+def with_label_table(dataset: Dataset, file: Path) -> Dataset:
+    """`dataset` with the label texts of a table (xmcbench.data.read_label_table): labels it lacks keep their
+    names, what it leaves out is counted in the report; the version also hashes the table's contents."""
+    if not Path(file).is_file():
+        raise XmcError(f"{file} does not exist; --label-texts names a file of label<TAB>text lines")
+    table = read_label_table(file)
+    report = dict(dataset.report)
+    texts = texts_for_labels(dataset.label_names, table.texts, report)
+    version = hashlib.sha256(f"{dataset.version} label_texts {table.digest}".encode()).hexdigest()[:16]
+    return replace(dataset, label_texts=texts, report=report, version=version)
+
+
+def write_label_table(dataset: Dataset, folder: Path, names: list[str] | None = None) -> None:
+    """The dataset's label texts as the folder's table, when it has any: label_texts.tsv (label<TAB>text), or
+    label_texts.csv when a label name holds a tab or a line break, or a text a line break (which TSV cannot
+    hold). names: the label names as the format wrote them, when it renamed them (e.g. to ids)."""
+    if dataset.label_texts is None:
+        return
+    from xmcbench.storage import atomic_write
+
+    pairs = list(zip(names if names is not None else dataset.label_names, dataset.label_texts))
+    if all(not any(c in name for c in "\t\r\n") and "\n" not in text and "\r" not in text for name, text in pairs):
+        lines = "".join(f"{name}\t{text}\n" for name, text in pairs)
+        atomic_write(folder / "label_texts.tsv", lambda temporary: temporary.write_text(lines, "utf-8"))
+        return
+
+    def write_csv(temporary: Path) -> None:
+        import csv
+
+        with open(temporary, "w", encoding="utf-8", newline="") as stream:
+            writer = csv.writer(stream)
+            writer.writerow(["label", "text"])
+            writer.writerows(pairs)
+
+    atomic_write(folder / "label_texts.csv", write_csv)
+
+
+def not_written(data_format: DataFormat, dataset: Dataset) -> list[str]:
+    """What of `dataset` the format's writer leaves out and says nothing about: its filtered pairs, where the
+    format has no place for them."""
+    has_filters = dataset.test_filter is not None or dataset.train_filter is not None
+    return ["filtered (document, label) pairs"] if has_filters and not data_format.writes_filters else []
 
 
 def write_dataset(registry, dataset: Dataset, folder: Path, format_name: str,
@@ -179,11 +251,16 @@ def dataset_from_rows(name: str, version: str, train_texts: list[str], train_row
 def dataset_from_matrices(name: str, version: str, train_texts: list[str], train_labels: sp.csr_matrix,
                           test_texts: list[str], test_labels: sp.csr_matrix, names: list[str], where: str,
                           train_features: sp.csr_matrix | None = None, test_features: sp.csr_matrix | None = None,
-                          report: dict[str, int] | None = None) -> Dataset:
+                          report: dict[str, int] | None = None, label_texts: list[str] | None = None,
+                          train_filter: sp.csr_matrix | None = None,
+                          test_filter: sp.csr_matrix | None = None) -> Dataset:
     """A Dataset from 0/1 label matrices over the K labels `names` (formats that store label ids).
 
     train_labels (N_train, K), test_labels (N_test, K) csr. Labels no document carries are dropped; the
     training labels come first in `names` order, then the labels seen only in test (Dataset's contract).
+    label_texts: (K,) the text of each label ("" for none: the label keeps its name), or None.
+    train_filter (N_train, K), test_filter (N_test, K): 0/1 csr of (document, label) pairs removed from
+    predictions before scoring, or None; pairs on dropped labels go with them.
     """
     _check_sizes(where, train_labels.shape[0], test_labels.shape[0])
     train_labels, test_labels = (_binary(m) for m in (train_labels, test_labels))
@@ -193,8 +270,15 @@ def dataset_from_matrices(name: str, version: str, train_texts: list[str], train
     in_test[test_labels.indices] = True
     order = np.concatenate([np.flatnonzero(in_train), np.flatnonzero(in_test & ~in_train)])
     label_names = [names[i] for i in order.tolist()]
-    return _dataset(name, version, label_names, int(in_train.sum()), train_texts, train_labels[:, order].tocsr(),
-                    test_texts, test_labels[:, order].tocsr(), where, train_features, test_features, dict(report or {}))
+    counts = dict(report or {})
+    texts = None
+    if label_texts is not None:
+        texts = texts_for_labels(label_names, {names[i]: label_texts[i] for i in order.tolist()}, counts)
+    train_filter, test_filter = (None if pairs is None else _binary(pairs)[:, order].tocsr()
+                                 for pairs in (train_filter, test_filter))
+    dataset = _dataset(name, version, label_names, int(in_train.sum()), train_texts, train_labels[:, order].tocsr(),
+                       test_texts, test_labels[:, order].tocsr(), where, train_features, test_features, counts)
+    return replace(dataset, label_texts=texts, train_filter=train_filter, test_filter=test_filter)
 
 
 def _binary(labels: sp.spmatrix) -> sp.csr_matrix:
@@ -307,35 +391,34 @@ def parse_xc_header(line: bytes | str) -> tuple[int, int, int] | None:
     return n, d, l
 
 
-def read_xc_sparse(path: Path) -> XcSparse:
-    """Parse an XC file (plain or .xz/.gz/.bz2) with scikit-learn's C svmlight parser: no Python loop per token.
-
-    Lines with no labels (' 3:1.0') and empty lines (a document without labels or features) are documents.
-    Raises XmcError in one line for a missing header, a row count unlike the header's, a value that is not a
-    finite number, or anything the C parser rejects (its message carries no line number; the callers that
-    need one re-read with a line-by-line parser).
-    """
-    from sklearn.datasets import load_svmlight_file
-
+def _xc_header_and_body(path: Path, parse_header, expected: str) -> tuple[tuple[int, ...], bytes]:
+    """The parsed header line and the bytes after it of an XC text file (plain or .xz/.gz/.bz2)."""
     with open_binary(path) as stream:
         raw = stream.read()
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]
     first_end = raw.find(b"\n")
-    header = parse_xc_header(raw[:first_end if first_end >= 0 else len(raw)])
+    header = parse_header(raw[:first_end if first_end >= 0 else len(raw)])
     if header is None:
-        raise XmcError(f"{path}: line 1 is not the 'N D L' header of an Extreme Classification Repository file "
-                       "(documents, features, labels); add it, or pass --format for another layout")
-    num_docs, num_features, num_labels = header
-    body = raw[first_end + 1:] if first_end >= 0 else b""
-    del raw
+        raise XmcError(f"{path}: line 1 is not the {expected} header of an Extreme Classification Repository file; "
+                       "add it, or pass --format for another layout")
+    return header, raw[first_end + 1:] if first_end >= 0 else b""
+
+
+def _parse_xc_body(path: Path, body: bytes, num_docs: int, num_columns: int,
+                   expected: str = "'l1,l2 f:v f:v ...' lines with 0-based ids and sorted, unique features") \
+        -> tuple[sp.csr_matrix, list]:
+    """(N, num_columns) float32 csr of the 'f:v' pairs and the (N,) label-id tuples of the lines of an XC file
+    after its header, by scikit-learn's C svmlight parser; N must be the header's num_docs."""
+    from sklearn.datasets import load_svmlight_file
+
     try:
         # parsed as float64, then cast: scikit-learn's float32 path is slower by about half
-        features, labels = load_svmlight_file(io.BytesIO(body), n_features=num_features, multilabel=True,
+        features, labels = load_svmlight_file(io.BytesIO(body), n_features=num_columns, multilabel=True,
                                               zero_based=True, dtype=np.float64)
     except ValueError as error:
         raise XmcError(f"{path}: not a valid Extreme Classification Repository file after its header ({error}); "
-                       "expected 'l1,l2 f:v f:v ...' lines with 0-based ids and sorted, unique features") from None
+                       f"expected {expected}") from None
     features = sp.csr_matrix(features, dtype=np.float32)
     labels = list(labels)
     if features.shape[0] != num_docs:
@@ -344,7 +427,22 @@ def read_xc_sparse(path: Path) -> XcSparse:
         raise XmcError(f"{path}: header line 1 says {num_docs} documents but the file has {features.shape[0]} "
                        "data lines; fix the header or re-export the file")
     if not np.isfinite(features.data).all():
-        raise XmcError(f"{path}: a feature value is not a finite number (nan or inf); fix or drop that feature")
+        raise XmcError(f"{path}: a value is not a finite number (nan or inf); fix or drop that entry")
+    return features, labels
+
+
+def read_xc_sparse(path: Path) -> XcSparse:
+    """Parse an XC file (plain or .xz/.gz/.bz2) with scikit-learn's C svmlight parser: no Python loop per token.
+
+    Lines with no labels (' 3:1.0') and empty lines (a document without labels or features) are documents.
+    Raises XmcError in one line for a missing header, a row count unlike the header's, a value that is not a
+    finite number, or anything the C parser rejects (its message carries no line number; the callers that
+    need one re-read with a line-by-line parser).
+    """
+    (num_docs, num_features, num_labels), body = _xc_header_and_body(
+        path, parse_xc_header, "'N D L' (documents, features, labels)")
+    features, labels = _parse_xc_body(path, body, num_docs, num_features)
+    del body
     lengths = np.fromiter(map(len, labels), dtype=np.int64, count=len(labels))
     ids = np.fromiter(chain.from_iterable(labels), dtype=np.float64, count=int(lengths.sum()))
     if ids.size and (ids.min() < 0 or ids.max() >= num_labels or not np.array_equal(ids, np.floor(ids))):
@@ -356,6 +454,30 @@ def read_xc_sparse(path: Path) -> XcSparse:
     label_matrix.sum_duplicates()
     label_matrix.data[:] = 1.0
     return XcSparse(features, label_matrix)
+
+
+def parse_xc_matrix_header(line: bytes | str) -> tuple[int, int] | None:
+    """'N C' (rows, columns) of the first line of an XC sparse matrix file, or None when it is not one."""
+    parts = line.split()
+    if len(parts) != 2 or not all(part.isdigit() for part in parts):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def read_xc_matrix(path: Path) -> sp.csr_matrix:
+    """An XC sparse matrix file (plain or .xz/.gz/.bz2), as the label-feature datasets store their label
+    matrices (trn_X_Y.txt) and bag-of-words features (trn_X_Xf.txt): header 'N C', then per row 'j:v j:v ...'
+    with 0-based column ids (an empty line is an empty row). (N, C) float32 csr, values as stored.
+
+    The rows are an XC file's lines without labels, so the parser of read_xc_sparse reads them, each line
+    led by the space that marks an empty label list."""
+    (num_rows, num_columns), body = _xc_header_and_body(path, parse_xc_matrix_header, "'N C' (rows, columns)")
+    if body:
+        ends = body.endswith(b"\n")
+        body = b" " + (body[:-1] if ends else body).replace(b"\n", b"\n ") + (b"\n" if ends else b"")
+    matrix, _ = _parse_xc_body(path, body, num_rows, num_columns,
+                               "'j:v j:v ...' lines with 0-based column ids, sorted and unique within a line")
+    return matrix
 
 
 def _with_empty_lines(body: bytes, features: sp.csr_matrix, labels: list) -> tuple[sp.csr_matrix, list]:

@@ -103,6 +103,7 @@ class RunResult:
     model_bytes: int       # rundir.model_bytes, else the size timings.json recorded when the run finished (0 if neither)
     frequency_bins: dict | None = None   # metrics.json "frequency_bins" (xmcbench.metrics.evaluate), if recorded
     propensity: dict | None = None       # metrics.json "propensity" (runner.Propensities.record), if recorded
+    filtered_pairs: dict | None = None   # metrics.json "filtered_pairs" (runner.without_filtered_pairs), if any
 
     @functools.cached_property
     def top1(self) -> dict | None:
@@ -219,7 +220,8 @@ def read_run(path: Path) -> RunResult:
         losses=list(log.get("steps", [])) if isinstance(log, dict) else [],
         model_bytes=model_bytes(path) or _recorded_model_bytes(timings),
         frequency_bins=_frequency_bins_of(metrics.get("frequency_bins")),
-        propensity=metrics["propensity"] if isinstance(metrics.get("propensity"), dict) else None)
+        propensity=metrics["propensity"] if isinstance(metrics.get("propensity"), dict) else None,
+        filtered_pairs=metrics["filtered_pairs"] if isinstance(metrics.get("filtered_pairs"), dict) else None)
 
 
 def _frequency_bins_of(recorded: Any) -> dict | None:
@@ -1001,6 +1003,14 @@ def _propensity(run: RunResult) -> str:
     return f"A={recorded['a']:g}, B={recorded['b']:g}, {int(recorded['train_documents'])} training documents"
 
 
+def _filtered(run: RunResult) -> str:
+    """How many filtered (document, label) pairs a run's scoring removed, as metrics.json recorded it."""
+    recorded = run.filtered_pairs or {}
+    if not _is_number(recorded.get("listed")):
+        return "none (no filter)"
+    return f"{int(recorded['listed']):,} pairs listed, {int(recorded.get('removed', 0)):,} removed from the predictions"
+
+
 def _hardware(run: RunResult) -> str:
     env, resolved = run.environment, run.config.get("resolved", {})
     torch_version = env.get("versions", {}).get("torch", "?")
@@ -1053,6 +1063,10 @@ def write_report(runs: list[RunResult], output: Path, baseline: str | None = Non
     lines.append(f"- Hardware: {_describe(groups, _hardware)}")
     lines.append(f"- Propensities of PSP@k, PSnDCG@k and PSR@k (Jain et al. 2016, label frequencies of the whole "
                  f"training set): {_describe(groups, _propensity)}")
+    if any(r.filtered_pairs for r in runs):
+        lines.append(f"- Filtered pairs (the dataset's filter_labels files; taken out of the predictions before "
+                     f"scoring, as the Extreme Classification Repository's evaluation does): "
+                     f"{_describe(groups, _filtered)}")
     lines.append("- Seeds: " + "; ".join(
         f"{g.label}{f' on {g.dataset}' if len(datasets) > 1 else ''}: {', '.join(str(r.seed) for r in g.runs)}"
         for g in groups))

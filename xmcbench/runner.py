@@ -25,7 +25,7 @@ import torch
 
 import xmcbench
 from xmcbench import clustering, whole_methods
-from xmcbench.config import MethodSpec, TrainConfig, apply_overrides, check_options, check_top_k, \
+from xmcbench.config import MAX_TOP_K, MethodSpec, TrainConfig, apply_overrides, check_options, check_top_k, \
     parse_set_options, read_config_file, resolve_config, training_stages
 from xmcbench.data import Dataset, _dataset_files, data_dir_from_env, load_dataset, load_dataset_from_path
 from xmcbench.defaults import RULE_VERSION, DatasetStatistics, Derived, DeviceFacts, dataset_statistics, \
@@ -229,7 +229,7 @@ def open_dataset(registry: Registry, name: str, data_dir: Path | None = None,
 
 
 def _flags(options: FormatOptions) -> list[str]:
-    given = {"format": options.format_name, **options.given()}
+    given = {"format": options.format_name, **options.given(), "label_texts": options.label_texts}
     return ["--" + key.replace("_", "-") for key, value in given.items() if value is not None and key != "seed"]
 
 
@@ -327,15 +327,69 @@ def propensities(dataset: Dataset, config: TrainConfig | None = None,
 
 
 def score(predictions: Predictions, truth: sp.csr_matrix, model: XMCModel | None, weights: Propensities,
-          ks=(1, 3, 5), frequency_bins: bool = True) -> dict:
+          ks=(1, 3, 5), frequency_bins: bool = True, filtered: sp.csr_matrix | None = None) -> dict:
     """Metrics of a prediction at the cut-offs ks (xmcbench.metrics.evaluate), with the frequency bins and
-    the propensity model recorded under "propensity"; truth (N, L) in the label order of `weights`."""
+    the propensity model recorded under "propensity"; truth (N, L) in the label order of `weights`.
+    filtered: (N, L) pairs removed from the predictions first (without_filtered_pairs), recorded under
+    "filtered_pairs"; None when the dataset has no filter."""
     recalled = None
     if predictions.recalled is not None:
         recalled = recalled_truth(truth, predictions.recalled, model.label_cluster.cpu().numpy())
-    metrics = evaluate(predictions.labels, truth, ks=ks, inv_propensity=weights.inverse, recalled_truth=recalled,
+    labels, removal = without_filtered_pairs(predictions.labels, filtered)
+    metrics = evaluate(labels, truth, ks=ks, inv_propensity=weights.inverse, recalled_truth=recalled,
                        label_counts=weights.label_counts if frequency_bins else None)
-    return {**metrics, "propensity": weights.record()}
+    return {**metrics, **removal, "propensity": weights.record()}
+
+
+def without_filtered_pairs(labels: np.ndarray, filtered: sp.csr_matrix | None) -> tuple[np.ndarray, dict]:
+    """The one removal of filtered (document, label) pairs before scoring, as the Extreme Classification
+    Repository's evaluation removes those of filter_labels_*.txt (Dataset.test_filter / train_filter).
+
+    labels: (N, k) predicted label ids, best first, -1 for an empty slot; filtered: (N, L) 0/1 csr in the same
+    label ids, or None. Returns the (N, k) labels with each listed pair taken out of its row, the labels after
+    it moved up and -1 filling the end, and {"filtered_pairs": {"listed": pairs in the filter, "removed": pairs
+    taken out of these predictions}} for metrics.json ({} without a filter)."""
+    if filtered is None:
+        return labels, {}
+    labels = np.asarray(labels)
+    filtered = sp.csr_matrix(filtered)
+    width = np.int64(filtered.shape[1])
+    listed = filtered.tocoo()
+    listed_keys = np.unique(listed.row.astype(np.int64) * width + listed.col)
+    rows = np.broadcast_to(np.arange(labels.shape[0], dtype=np.int64)[:, None], labels.shape)
+    valid = (labels >= 0) & (labels < width)
+    drop = np.zeros(labels.shape, dtype=bool)
+    drop[valid] = np.isin(rows[valid] * width + labels[valid], listed_keys)
+    order = np.argsort(drop, axis=1, kind="stable")   # kept labels first, in their order
+    kept = np.take_along_axis(labels, order, axis=1)
+    kept[np.take_along_axis(drop, order, axis=1)] = -1
+    return kept, {"filtered_pairs": {"listed": int(listed_keys.size), "removed": int(drop.sum())}}
+
+
+def filtered_pairs(dataset: Dataset, split: str = "test", label_names: list[str] | None = None,
+                   rows: np.ndarray | None = None) -> sp.csr_matrix | None:
+    """The dataset's filtered pairs of a split ("test" or "train", at `rows`), in the label order of
+    `label_names` (remap_labels; None: the dataset's own), for score(filtered=...); None without a filter."""
+    pairs = dataset.test_filter if split == "test" else dataset.train_filter
+    if pairs is None:
+        return None
+    if rows is not None:
+        pairs = pairs[rows]
+    return pairs if label_names is None else remap_labels(pairs, dataset.label_names, label_names)
+
+
+def room_for_filtered_pairs(config: TrainConfig, dataset: Dataset, log=print) -> None:
+    """Raise config.top_k so that a document keeps max(eval_ks) predictions after its filtered pairs are removed
+    (without_filtered_pairs): a filtered label in the top k would otherwise leave a slot empty at the deepest
+    cut-off, a miss the repository's evaluation, which ranks 100 or more labels, never counts. Nothing changes
+    for a dataset without filters."""
+    most = max((int(np.diff(sp.csr_matrix(pairs).indptr).max(initial=0))
+                for pairs in (dataset.test_filter, dataset.train_filter) if pairs is not None), default=0)
+    needed = min(MAX_TOP_K, max(config.eval_ks) + most)
+    if most and config.top_k < needed:
+        log(f"top_k {config.top_k} -> {needed}: a document has up to {most} filtered (document, label) pairs, removed "
+            f"from its predictions before scoring")
+        config.top_k = needed
 
 
 def training_pool(dataset: Dataset, config: TrainConfig) -> np.ndarray:
@@ -472,6 +526,7 @@ def _run(plan: Plan, output: Path | None, data_dir: Path | None, overwrite: bool
     device = pick_device(config, dist)
     dataset = plan.loaded or open_dataset(registry, plan.dataset, data_dir, plan.reading)
     check_flat(plan, dataset, registry)
+    room_for_filtered_pairs(plan.config, dataset, log)
     check_components(registry, plan, dataset)
     claimed = None
     output = Path(output) if output else default_output(plan)
@@ -590,8 +645,8 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
 
         def validate(candidate: XMCModel) -> float:
             found = predict(candidate, validation_tokens, config, device, description="validating", dist=dist)
-            return score(found, validation_truth, candidate, weights, ks=(selection_k,),
-                         frequency_bins=False)[config.selection_metric]
+            return score(found, validation_truth, candidate, weights, ks=(selection_k,), frequency_bins=False,
+                         filtered=filtered_pairs(dataset, "train", rows=validation_rows))[config.selection_metric]
 
     if dist.is_main:
         output.mkdir(parents=True, exist_ok=True)
@@ -628,7 +683,7 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
                                          description="predicting validation", dist=dist)
     if not dist.is_main:
         return output
-    metrics = score(predictions, dataset.test_labels, model, weights, config.eval_ks)
+    metrics = score(predictions, dataset.test_labels, model, weights, config.eval_ks, filtered=dataset.test_filter)
     save_model_dir(output / "model", model, config, dataset.label_names[:dataset.num_labels], run_labels)
     write_results(output, dataset, metrics, predictions, validation_predictions, validation_rows, train_seconds,
                   trainer.documents_trained, predict_seconds, resume, device)
@@ -768,7 +823,8 @@ def evaluate_run(run_dir: Path, dataset_name: str | None = None, data_dir: Path 
     documents = test_documents(model, dataset, registry)
     predictions = predict_saved_model(model, documents, f"{dataset.version}/test", config,
                                       description="predicting test", tokenizing="tokenizing test")
-    return score(predictions, truth, model, propensities(dataset, config, label_names), config.eval_ks)
+    return score(predictions, truth, model, propensities(dataset, config, label_names), config.eval_ks,
+                 filtered=filtered_pairs(dataset, "test", label_names))
 
 
 def rescore_run(run_dir: Path, data_dir: Path | None = None, registry: Registry | None = None,
@@ -801,7 +857,8 @@ def rescore_run(run_dir: Path, data_dir: Path | None = None, registry: Registry 
         raise XmcError(f"{run_dir} saved {predictions.labels.shape[1]} labels per document, fewer than "
                        f"eval_ks needs ({max(config.eval_ks)})")
     truth = remap_labels(dataset.test_labels, dataset.label_names, label_names)
-    metrics = score(predictions, truth, None, propensities(dataset, config, label_names), config.eval_ks)
+    metrics = score(predictions, truth, None, propensities(dataset, config, label_names), config.eval_ks,
+                    filtered=filtered_pairs(dataset, "test", label_names))
     kept = {key: previous[key] for key in ("dataset", "test_documents", "unseen_test_labels", "coverage")
             if key in previous}
     rescored = {**kept, **metrics, "rescored": {"xmcbench_version": xmcbench.__version__,
@@ -958,7 +1015,8 @@ def evaluate_predictions(path: Path, dataset_name: str, data_dir: Path | None = 
     names = _column_names(path, labels_file, matrix.shape[1], dataset)
     truth = remap_labels(dataset.test_labels, dataset.label_names, names)
     predictions = ranked_labels(matrix, max(config.eval_ks))
-    return score(predictions, truth, None, propensities(dataset, config, names), config.eval_ks), dataset, config
+    return score(predictions, truth, None, propensities(dataset, config, names), config.eval_ks,
+                 filtered=filtered_pairs(dataset, "test", names)), dataset, config
 
 
 def write_external_run(output: Path, name: str, predictions_path: Path, dataset_ref: str, dataset: Dataset,

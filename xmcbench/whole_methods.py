@@ -106,6 +106,7 @@ def run_whole_method(plan, method: type[WholeMethod], output: Path | None, data_
                      registry: Registry, log, resume: bool, dist: Distributed) -> Path:
     """runner.run for a whole method: refuse what cannot work before the output folder is touched, claim it
     (`--overwrite` and `--resume` as for any run), fit, predict, score, write the run directory."""
+    from xmcbench import runner
     from xmcbench.runner import default_output, is_finished, open_dataset
 
     if dist.enabled:
@@ -117,6 +118,7 @@ def run_whole_method(plan, method: type[WholeMethod], output: Path | None, data_
     device = method_device(plan.method, method, plan.config)
     dataset = plan.loaded or open_dataset(registry, plan.dataset, data_dir, plan.reading)
     check_inputs(plan.method, method, dataset, registry)
+    runner.room_for_filtered_pairs(plan.config, dataset, log)
     method.check(plan.config, dataset.num_labels)
     output = Path(output) if output else default_output(plan)
     claimed = claim_existing(output) if resume else claim_output(output, overwrite, is_finished)
@@ -195,7 +197,7 @@ def _fit_and_write(plan, method: type[WholeMethod], claimed: ClaimedRun, dataset
         validation_predictions = predict(model, documents_of(dataset, "train", validation_rows, features),
                                          config.top_k)
 
-    metrics = runner.score(predictions, dataset.test_labels, None, weights, config.eval_ks)
+    metrics = runner.score(predictions, dataset.test_labels, None, weights, config.eval_ks, filtered=dataset.test_filter)
     save_model_dir(output / "model", model, plan.method, config, dataset.label_names[:num_labels], run_labels)
     # one pass over the training documents: the ms/document/epoch of a component method's run
     runner.write_results(output, dataset, metrics, predictions, validation_predictions, validation_rows, train_seconds,

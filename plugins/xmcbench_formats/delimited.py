@@ -19,7 +19,9 @@ from pathlib import Path
 
 from xmcbench.data import Dataset, open_binary
 from xmcbench.errors import XmcError
-from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset_from_rows, label_lists, split_test
+from xmcbench.data import LABEL_TEXTS_FILES
+from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset_from_rows, label_lists, split_test, \
+    write_label_table
 from xmcbench.storage import atomic_write
 
 NAME = "delimited"
@@ -53,13 +55,21 @@ def data_files(path: Path) -> dict[str, list[Path]] | None:
         return {"all": [path]} if kind_of(path) else None
     if not path.is_dir():
         return None
-    files = sorted(file for file in path.iterdir() if file.is_file() and kind_of(file))
+    files = sorted(file for file in path.iterdir() if file.is_file() and kind_of(file) and not is_label_table(file))
     by_stem = {split: [file for file in files if stem_of(file) == split] for split in ("train", "test")}
     if len(by_stem["train"]) == 1 and len(by_stem["test"]) == 1:
         return {"train": by_stem["train"], "test": by_stem["test"]}
     if len(files) == 1:
         return {"all": files}
     return None
+
+
+def is_label_table(file: Path) -> bool:
+    """The folder's table of label texts (label_texts.tsv, .csv, .jsonl), which holds no documents."""
+    name = file.name
+    for suffix in COMPRESSED:
+        name = name.removesuffix(suffix)
+    return name in LABEL_TEXTS_FILES
 
 
 def detect(path: Path) -> bool:
@@ -248,7 +258,8 @@ def plain_labels_fit(label_names: list[str], separator: str) -> bool:
 
 def write(dataset: Dataset, folder: Path, options: FormatOptions) -> None:
     """train.csv and test.csv with a text and a label column. Labels are joined by --label-separator (default
-    "|") when every label name survives it, else written as JSON lists."""
+    "|") when every label name survives it, else written as JSON lists. Label texts go to label_texts.tsv
+    (write_label_table)."""
     options.refuse(NAME, "id_column", "test_size")
     if not dataset.train_texts and dataset.train_features is not None:
         raise XmcError(f"dataset '{dataset.name}' has sparse features but no texts, and the delimited format holds "
@@ -271,6 +282,7 @@ def write(dataset: Dataset, folder: Path, options: FormatOptions) -> None:
                     writer.writerow([text, json.dumps(row, ensure_ascii=False) if as_json else separator.join(row)])
 
         atomic_write(folder / f"{split}.csv", write_file)
+    write_label_table(dataset, folder)
 
 
 FORMAT = DataFormat(

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from xmcbench.data import Dataset
 from xmcbench.errors import XmcError, joined_line
-from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset_from_rows, label_lists, split_test
+from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset_from_rows, label_lists, split_test, \
+    write_label_table
 from xmcbench_formats.delimited import LABEL_COLUMNS, TEXT_COLUMNS, choose_separator, pick_column, split_cell
 
 NAME = "hf_datasets"
@@ -103,7 +104,8 @@ def read(path: Path, options: FormatOptions) -> Dataset:
 
 
 def write(dataset: Dataset, folder: Path, options: FormatOptions) -> None:
-    """A DatasetDict with train and test splits, columns text and labels (a list of names per document)."""
+    """A DatasetDict with train and test splits, columns text and labels (a list of names per document); label
+    texts in label_texts.tsv beside (write_label_table)."""
     datasets = import_datasets()
     options.refuse(NAME, "label_separator", "id_column", "test_size")
     if not dataset.train_texts and dataset.train_features is not None:
@@ -118,6 +120,7 @@ def write(dataset: Dataset, folder: Path, options: FormatOptions) -> None:
         for split in ("train", "test")}
     datasets.disable_progress_bars()   # convert prints one line of its own; the library's bars go to stderr
     datasets.DatasetDict(splits).save_to_disk(str(folder))
+    write_label_table(dataset, folder)
 
 
 FORMAT = DataFormat(

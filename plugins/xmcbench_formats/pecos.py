@@ -11,7 +11,7 @@ import scipy.sparse as sp
 
 from xmcbench.data import Dataset, _first_file, read_texts
 from xmcbench.errors import XmcError
-from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset_from_matrices
+from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset_from_matrices, write_label_table
 from xmcbench.storage import atomic_write
 from xmcbench_formats.raw_text import one_line
 
@@ -76,7 +76,8 @@ def read(path: Path, options: FormatOptions) -> Dataset:
 
 
 def write(dataset: Dataset, folder: Path, options: FormatOptions) -> None:
-    """Y.*.npz and output-items.txt always; X.*.txt with texts and X.*.npz with features."""
+    """Y.*.npz and output-items.txt always; X.*.txt with texts and X.*.npz with features; label texts in
+    label_texts.tsv (write_label_table)."""
     options.refuse(NAME, "text_column", "label_column", "label_separator", "id_column", "test_size")
     broken = next((name for name in dataset.label_names if "\n" in name or "\r" in name), None)
     if broken is not None:
@@ -95,6 +96,7 @@ def write(dataset: Dataset, folder: Path, options: FormatOptions) -> None:
                          lambda temporary, m=features: _save_npz(temporary, sp.csr_matrix(m, dtype=np.float32)))
     names = "".join(name + "\n" for name in dataset.label_names)
     atomic_write(folder / LABEL_NAMES_FILE, lambda temporary: temporary.write_text(names, "utf-8"))
+    write_label_table(dataset, folder)
 
 
 def _save_npz(file: Path, matrix: sp.csr_matrix) -> None:

@@ -1,5 +1,6 @@
 """The raw-text layout of AttentionXML / LightXML: train_texts.txt, train_labels.txt, test_texts.txt and
-test_labels.txt, line-aligned, labels separated by spaces (xmcbench.data reads it)."""
+test_labels.txt, line-aligned, labels separated by spaces, and an optional label_texts.tsv (xmcbench.data reads
+it)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from xmcbench.data import Dataset, _dataset_files, load_dataset_from_path
 from xmcbench.errors import XmcError
-from xmcbench.formats import DataFormat, FormatOptions, label_lists
+from xmcbench.formats import DataFormat, FormatOptions, label_lists, write_label_table
 from xmcbench.storage import atomic_write
 
 NAME = "raw_text"
@@ -52,10 +53,11 @@ def write(dataset: Dataset, folder: Path, options: FormatOptions) -> None:
         label_lines = "".join(" ".join(row) + "\n" for row in label_lists(dataset, labels))
         atomic_write(folder / f"{split}_texts.txt", lambda temporary, t=text_lines: temporary.write_text(t, "utf-8"))
         atomic_write(folder / f"{split}_labels.txt", lambda temporary, t=label_lines: temporary.write_text(t, "utf-8"))
+    write_label_table(dataset, folder)
 
 
 FORMAT = DataFormat(
     name=NAME,
     description="train_texts.txt, train_labels.txt, test_texts.txt, test_labels.txt: one document per line, "
-                "labels separated by spaces (optionally .xz/.gz/.bz2)",
+                "labels separated by spaces, optional label_texts.tsv (optionally .xz/.gz/.bz2)",
     detect=is_raw_text_folder, read=read, write=write)

@@ -16,7 +16,7 @@ import scipy.sparse as sp
 from xmcbench.data import Dataset, _first_file, open_binary
 from xmcbench.errors import XmcError
 from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset_from_matrices, parse_xc_header, \
-    read_xc_sparse, split_test
+    read_xc_sparse, split_test, write_label_table
 from xmcbench.storage import atomic_write
 
 NAME = "xc_sparse"
@@ -88,7 +88,8 @@ def label_ids(label_names: list[str]) -> np.ndarray:
 
 
 def write(dataset: Dataset, folder: Path, options: FormatOptions) -> None:
-    """train.txt and test.txt; labels keep integer names as their ids (else they are numbered in order)."""
+    """train.txt and test.txt; labels keep integer names as their ids (else they are numbered in order);
+    label texts in label_texts.tsv under those ids (write_label_table)."""
     from sklearn.datasets import dump_svmlight_file
 
     options.refuse(NAME, "text_column", "label_column", "label_separator", "id_column", "test_size")
@@ -111,6 +112,7 @@ def write(dataset: Dataset, folder: Path, options: FormatOptions) -> None:
                 dump_svmlight_file(features, by_id, stream, zero_based=True, multilabel=True)
 
         atomic_write(folder / f"{split}.txt", write_file)
+    write_label_table(dataset, folder, [str(i) for i in ids.tolist()])
 
 
 FORMAT = DataFormat(
