@@ -249,7 +249,8 @@ class Predictor:
             found = runner.predict_saved_model(model, documents, key, config,
                                                description="predicting test", tokenizing="tokenizing test")
             return runner.score(found, truth, model, runner.propensities(dataset, config, self.label_names),
-                                config.eval_ks, filtered=runner.filtered_pairs(dataset, "test", self.label_names))
+                                config.eval_ks, filtered=runner.filtered_pairs(dataset, "test", self.label_names),
+                                zero_shot=runner.saved_zero_shot_mask(self.path, self.label_names, truth.shape[1]))
         labels, _ = self._top(lambda model: runner.test_documents(model, dataset, self._registry),
                               self._ensemble.top_k, key, "predicting test")
         return ensembles._score(labels, dataset, self._ensemble.members, scoring)

@@ -70,6 +70,7 @@ class TrainConfig:
     selection_metric: str = "P@5"  # validation metric that selects the epoch (and stops early): P@k, nDCG@k, PSP@k
     patience: int = 0              # stop after this many epochs without a better validation score (0: never)
     max_train_docs: int = 0        # train on a seeded subset (0: all)
+    zero_shot_labels: float = 0.0  # share of the labels the test set has held out of training (seeded), to measure zero-shot
     length_bucketing: bool = True  # batches of similar length: less padding, same expected gradient
     amp: bool = True               # automatic mixed precision, CUDA only
     device: str = "auto"           # auto | cpu | cuda | cuda:N
@@ -111,6 +112,9 @@ class TrainConfig:
         if self.score_combiner not in SCORE_COMBINERS:
             raise XmcError(f"{source}: score_combiner={self.score_combiner!r} is not one of "
                            f"{', '.join(SCORE_COMBINERS)}")
+        if not 0.0 <= self.zero_shot_labels < 1.0:
+            raise XmcError(f"{source}: zero_shot_labels={self.zero_shot_labels:g} is out of range; it must be in [0, 1) "
+                           "(the share of the test set's labels held out of training, e.g. 0.05)")
         if not 0.0 <= self.dropout < 1.0:
             raise XmcError(f"{source}: dropout={self.dropout:g} is out of range; it must be in [0, 1)")
         if self.top_k < max(self.eval_ks):
@@ -306,6 +310,9 @@ class MethodSpec:
     whole_method: type | None = None
     needs_ranker: bool = False
     options: tuple[Option, ...] = ()   # the method's own options (its components declare theirs)
+    # the method scores a label no training document carries, from its text (a dual encoder): with label texts,
+    # its vocabulary holds every label of the dataset, test-only ones included, and zero-shot figures can be > 0
+    scores_unseen_labels: bool = False
     derive: Callable[..., dict] | None = None   # derive(statistics, device) -> {setting: Derived}: see above
 
 

@@ -197,6 +197,7 @@ def evaluate(
     inv_propensity: np.ndarray | None = None,
     recalled_truth: scipy.sparse.csr_matrix | None = None,
     label_counts: np.ndarray | None = None,
+    zero_shot: np.ndarray | None = None,
 ) -> dict:
     """Score a top-K prediction against sparse ground truth; all values are percentages in [0, 100].
 
@@ -211,6 +212,8 @@ def evaluate(
         shortlist; adds coverage = 100 * recalled positives / test positives.
     label_counts: (L_total,) training documents per label; adds "frequency_bins", the split of P@k (and
         PSP@k) over FREQUENCY_BINS at k = 5 when 5 is in ks, else at k = max(ks) (below).
+    zero_shot: (L_total,) bool, True for the labels no training document of the model carried; adds "zero_shot"
+        when some test positive has such a label (below).
 
     Definitions (as in pyxclib and the Extreme Classification Repository):
     - P@k: mean over all N docs of hits in the top k / k.
@@ -238,9 +241,14 @@ def evaluate(
       (k * N), and with inv_propensity "PSP@k_contribution" = 100 * (those hits' inverse propensities) /
       (the ideal ranking's, as in PSP@k). The contributions of the bins sum to P@k and to PSP@k (pyxclib's
       and the XMC literature's "contribution by label frequency").
+    - zero_shot: {"labels": zero-shot labels among the test positives, "documents": test documents with at least
+      one, "positives": their zero-shot positives, and per k "P@k" (mean over those documents of the zero-shot
+      labels among the top k / k) and "R@k" (mean over them of the zero-shot positives found in the top k / their
+      zero-shot positives)}: the generalised zero-shot figures, every label competing with every other. A method
+      that cannot score a label without training documents scores 0 there.
     Returns a dict with keys 'P@k', 'nDCG@k', ['PSP@k', 'PSnDCG@k'], 'R@k', ['PSR@k'], ['coverage'],
-    ['frequency_bins'];
-    every value but frequency_bins is a float.
+    ['frequency_bins'], ['zero_shot'];
+    every value but frequency_bins and zero_shot is a float.
     """
     ks = _check_ks(ks)
     truth = _binary_csr(truth, "truth")
@@ -328,7 +336,33 @@ def evaluate(
         metrics["coverage"] = _safe_ratio(recalled.nnz, truth.nnz)
     if label_counts is not None:
         metrics["frequency_bins"] = _frequency_bins(predicted, hits, truth, label_counts, bins_k, gains, ideal_total)
+    if zero_shot is not None:
+        figures = _zero_shot(predicted, hits, truth, np.asarray(zero_shot, dtype=bool), ks)
+        if figures is not None:
+            metrics["zero_shot"] = figures
     return metrics
+
+
+def _zero_shot(predicted: np.ndarray, hits: np.ndarray, truth: scipy.sparse.csr_matrix, zero_shot: np.ndarray,
+               ks: list[int]) -> dict | None:
+    """evaluate's "zero_shot" figures; None when no test positive has a zero-shot label."""
+    if zero_shot.shape != (truth.shape[1],):
+        raise XmcError(f"zero_shot has shape {zero_shot.shape} but truth has {truth.shape[1]} columns")
+    unseen_truth = truth.multiply(zero_shot[None, :]).tocsr()
+    unseen_truth.eliminate_zeros()
+    positives = np.diff(unseen_truth.indptr)                                   # (N,)
+    documents = positives > 0
+    if not documents.any():
+        return None
+    unseen_hits = hits & zero_shot[np.maximum(predicted, 0)] & (predicted >= 0)   # (N, k_max)
+    found = np.cumsum(unseen_hits, axis=1)[documents]                         # (D, k_max)
+    figures: dict = {"labels": int(np.unique(unseen_truth.indices).size), "documents": int(documents.sum()),
+                     "positives": int(positives.sum())}
+    for k in ks:
+        figures[f"P@{k}"] = float(100.0 * np.mean(found[:, k - 1] / k))
+    for k in ks:
+        figures[f"R@{k}"] = float(100.0 * np.mean(found[:, k - 1] / positives[documents]))
+    return figures
 
 
 _FAMILIES = ("P", "nDCG", "PSP", "PSnDCG", "R", "PSR")

@@ -258,7 +258,8 @@ def label_clusters(dataset: Dataset, config: TrainConfig, train_rows: np.ndarray
         return LabelClusters.from_assignment(torch.arange(num_labels), num_labels)
     key = fingerprint(dataset.version, train_rows.tolist() if len(train_rows) < len(dataset.train_texts) else "all",
                       num_clusters, config.seed, str(dataset.feature_file and dataset.feature_file.name),
-                      clustering.ALGORITHM_VERSION)
+                      clustering.ALGORITHM_VERSION,
+                      *([f"zero-shot {config.zero_shot_labels}"] if config.zero_shot_labels else []))
     path = cache_dir() / "clusters" / f"{key}.npy"
     if path.exists():
         assignment = np.load(path, allow_pickle=False)
@@ -327,18 +328,68 @@ def propensities(dataset: Dataset, config: TrainConfig | None = None,
 
 
 def score(predictions: Predictions, truth: sp.csr_matrix, model: XMCModel | None, weights: Propensities,
-          ks=(1, 3, 5), frequency_bins: bool = True, filtered: sp.csr_matrix | None = None) -> dict:
+          ks=(1, 3, 5), frequency_bins: bool = True, filtered: sp.csr_matrix | None = None,
+          zero_shot: np.ndarray | None = None) -> dict:
     """Metrics of a prediction at the cut-offs ks (xmcbench.metrics.evaluate), with the frequency bins and
     the propensity model recorded under "propensity"; truth (N, L) in the label order of `weights`.
     filtered: (N, L) pairs removed from the predictions first (without_filtered_pairs), recorded under
-    "filtered_pairs"; None when the dataset has no filter."""
+    "filtered_pairs"; None when the dataset has no filter. zero_shot: (L,) bool, the labels no training document
+    of the model carried (zero_shot_mask): adds the "zero_shot" figures."""
     recalled = None
     if predictions.recalled is not None:
         recalled = recalled_truth(truth, predictions.recalled, model.label_cluster.cpu().numpy())
     labels, removal = without_filtered_pairs(predictions.labels, filtered)
     metrics = evaluate(labels, truth, ks=ks, inv_propensity=weights.inverse, recalled_truth=recalled,
-                       label_counts=weights.label_counts if frequency_bins else None)
+                       label_counts=weights.label_counts if frequency_bins else None, zero_shot=zero_shot)
     return {**metrics, **removal, "propensity": weights.record()}
+
+
+def zero_shot_mask(model_counts: np.ndarray | None, num_model_labels: int, total_labels: int) -> np.ndarray:
+    """(total_labels,) bool, True for the labels no training document of a model carried: those of its vocabulary
+    with a count of 0 (LabelInfo.counts: the run's training rows), and every label beyond its vocabulary (the
+    dataset's test-only labels, in remap_labels' order). model_counts None (a model saved before label
+    information was kept): only the labels beyond its vocabulary."""
+    mask = np.ones(total_labels, dtype=bool)
+    mask[:num_model_labels] = False if model_counts is None else np.asarray(model_counts)[:num_model_labels] == 0
+    return mask
+
+
+def saved_zero_shot_mask(model_dir: Path, label_names: list[str], total_labels: int) -> np.ndarray:
+    """zero_shot_mask of a saved model (a run directory or its model/ folder), from the training counts its
+    label_info.json kept (only the labels beyond its vocabulary for a model saved before that file existed)."""
+    from xmcbench.labels import load_label_info
+    from xmcbench.modelio import REDO
+
+    folder = Path(model_dir) / "model" if (Path(model_dir) / "model").is_dir() else Path(model_dir)
+    info = load_label_info(folder, label_names, REDO)
+    return zero_shot_mask(None if info is None else info.counts, len(label_names), total_labels)
+
+
+def training_view(dataset: Dataset, config: TrainConfig, spec: MethodSpec, log=print) -> tuple[Dataset, list[str]]:
+    """The dataset as a run trains on it, and the names of the labels held out of training.
+
+    zero_shot_labels = s > 0: a seeded share s of the training labels that the test set has are held out: their
+    positives are removed from every training document (validation rows included), and they stay in the test
+    set, where only a method that reads label texts can find them. A method that scores unseen labels
+    (MethodSpec.scores_unseen_labels) on a dataset with label texts gets every label in its vocabulary (num_labels
+    = all of label_names), test-only labels included. Propensities stay the dataset's (all its training documents,
+    before any hold-out), as for max_train_docs: one dataset, one set of weights."""
+    held_out: list[str] = []
+    if config.zero_shot_labels > 0:
+        in_test = np.flatnonzero(np.asarray(dataset.test_labels[:, :dataset.num_labels].sum(axis=0)).ravel() > 0)
+        count = int(round(config.zero_shot_labels * len(in_test)))
+        chosen = np.sort(np.random.default_rng(config.seed).permutation(in_test)[:count])
+        keep = np.ones(dataset.train_labels.shape[1], dtype=np.float32)
+        keep[chosen] = 0.0
+        train_labels = (dataset.train_labels @ sp.diags(keep)).tocsr()
+        train_labels.eliminate_zeros()
+        dataset = dataclasses.replace(dataset, train_labels=train_labels)
+        held_out = [dataset.label_names[i] for i in chosen]
+        log(f"zero-shot split: {count} of the {len(in_test)} training labels the test set has held out of training "
+            f"(zero_shot_labels={config.zero_shot_labels:g}, seed {config.seed})")
+    if spec.scores_unseen_labels and dataset.label_texts is not None and dataset.num_labels < len(dataset.label_names):
+        dataset = dataclasses.replace(dataset, num_labels=len(dataset.label_names))
+    return dataset, held_out
 
 
 def without_filtered_pairs(labels: np.ndarray, filtered: sp.csr_matrix | None) -> tuple[np.ndarray, dict]:
@@ -597,6 +648,8 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
         if recorded != dataset.version:
             raise XmcError(f"the dataset {plan.dataset} changed since {output} was started "
                            f"(version {dataset.version}, recorded {recorded}); start a new run instead")
+    weights = propensities(dataset, config)   # the dataset's, before any label is held out of training
+    dataset, held_out = training_view(dataset, config, registry.method(plan.method), log)
     log(f"{plan.method} on {dataset.name}: {len(dataset.train_texts)} train / {len(dataset.test_texts)} test "
         f"documents, {dataset.num_labels} labels; device {device}, {threads} threads"
         + (f", {dist.world_size} processes (global batch {config.batch_size}, about "
@@ -613,7 +666,6 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
     train_rows, validation_rows = split_train_rows(dataset, config)
     with dist.main_first():   # rank 0 fills the caches, the others read them
         clusters = label_clusters(dataset, config, train_rows)
-    weights = propensities(dataset, config)
     run_labels = label_info(dataset, config, train_rows, weights)
     model = build_model(registry, config, clusters, label_info=run_labels)
     if model.is_flat:
@@ -656,6 +708,7 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
                 "components": components_that_ran(config, model.is_flat),
                 "threads": threads, "device": str(device), "processes": dist.world_size,
                 "train_docs": len(train_rows), "validation_docs": len(validation_rows),
+                **({"zero_shot_labels": held_out} if held_out else {}),
                 "encoder_loaded_dtype": model.encoder.loaded_dtype,
                 "parameter_dtype": str(next(model.parameters()).dtype).removeprefix("torch.")})
     stages = training_stages(registry.method(plan.method).stages, config)
@@ -683,7 +736,8 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
                                          description="predicting validation", dist=dist)
     if not dist.is_main:
         return output
-    metrics = score(predictions, dataset.test_labels, model, weights, config.eval_ks, filtered=dataset.test_filter)
+    metrics = score(predictions, dataset.test_labels, model, weights, config.eval_ks, filtered=dataset.test_filter,
+                    zero_shot=zero_shot_mask(run_labels.counts, dataset.num_labels, len(dataset.label_names)))
     save_model_dir(output / "model", model, config, dataset.label_names[:dataset.num_labels], run_labels)
     write_results(output, dataset, metrics, predictions, validation_predictions, validation_rows, train_seconds,
                   trainer.documents_trained, predict_seconds, resume, device)
@@ -824,7 +878,8 @@ def evaluate_run(run_dir: Path, dataset_name: str | None = None, data_dir: Path 
     predictions = predict_saved_model(model, documents, f"{dataset.version}/test", config,
                                       description="predicting test", tokenizing="tokenizing test")
     return score(predictions, truth, model, propensities(dataset, config, label_names), config.eval_ks,
-                 filtered=filtered_pairs(dataset, "test", label_names))
+                 filtered=filtered_pairs(dataset, "test", label_names),
+                 zero_shot=saved_zero_shot_mask(run_dir, label_names, truth.shape[1]))
 
 
 def rescore_run(run_dir: Path, data_dir: Path | None = None, registry: Registry | None = None,
@@ -858,7 +913,8 @@ def rescore_run(run_dir: Path, data_dir: Path | None = None, registry: Registry 
                        f"eval_ks needs ({max(config.eval_ks)})")
     truth = remap_labels(dataset.test_labels, dataset.label_names, label_names)
     metrics = score(predictions, truth, None, propensities(dataset, config, label_names), config.eval_ks,
-                    filtered=filtered_pairs(dataset, "test", label_names))
+                    filtered=filtered_pairs(dataset, "test", label_names),
+                    zero_shot=saved_zero_shot_mask(run_dir, label_names, truth.shape[1]))
     kept = {key: previous[key] for key in ("dataset", "test_documents", "unseen_test_labels", "coverage")
             if key in previous}
     rescored = {**kept, **metrics, "rescored": {"xmcbench_version": xmcbench.__version__,
@@ -1015,8 +1071,10 @@ def evaluate_predictions(path: Path, dataset_name: str, data_dir: Path | None = 
     names = _column_names(path, labels_file, matrix.shape[1], dataset)
     truth = remap_labels(dataset.test_labels, dataset.label_names, names)
     predictions = ranked_labels(matrix, max(config.eval_ks))
-    return score(predictions, truth, None, propensities(dataset, config, names), config.eval_ks,
-                 filtered=filtered_pairs(dataset, "test", names)), dataset, config
+    weights = propensities(dataset, config, names)
+    # another system's training set is unknown: its zero-shot labels are those no training document of the dataset has
+    return score(predictions, truth, None, weights, config.eval_ks, filtered=filtered_pairs(dataset, "test", names),
+                 zero_shot=weights.label_counts == 0), dataset, config
 
 
 def write_external_run(output: Path, name: str, predictions_path: Path, dataset_ref: str, dataset: Dataset,

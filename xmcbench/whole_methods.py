@@ -153,6 +153,8 @@ def _fit_and_write(plan, method: type[WholeMethod], claimed: ClaimedRun, dataset
 
     output = claimed.directory
     config = dataclasses.replace(plan.config, device=str(device))   # what the method computes on
+    weights = runner.propensities(dataset, config)   # the dataset's, before any label is held out of training
+    dataset, held_out = runner.training_view(dataset, config, registry.method(plan.method), log)
     num_labels = dataset.num_labels
     features = reads_features(method, dataset)
     inputs = f"the dataset's sparse features ({dataset.train_features.shape[1]} columns)" if features else "texts"
@@ -169,7 +171,6 @@ def _fit_and_write(plan, method: type[WholeMethod], claimed: ClaimedRun, dataset
             + ", ".join(f"{key} {value}" for key, value in sorted(dataset.report.items())))
     seed_everything(config.seed)
     train_rows, validation_rows = runner.split_train_rows(dataset, config)
-    weights = runner.propensities(dataset, config)
     run_labels = label_info(dataset, config, train_rows, weights)
     output.mkdir(parents=True, exist_ok=True)
     if resume:
@@ -179,7 +180,7 @@ def _fit_and_write(plan, method: type[WholeMethod], claimed: ClaimedRun, dataset
             "num_labels": num_labels, "threads": threads, "device": str(device), "processes": 1,
             "train_docs": len(train_rows), "validation_docs": len(validation_rows),
             "whole_method": f"{method.__module__}.{method.__qualname__}", "deterministic": method.deterministic,
-            "inputs": "features" if features else "texts"},
+            "inputs": "features" if features else "texts", **({"zero_shot_labels": held_out} if held_out else {})},
             packages=method.packages)
 
     started = time.perf_counter()
@@ -197,7 +198,8 @@ def _fit_and_write(plan, method: type[WholeMethod], claimed: ClaimedRun, dataset
         validation_predictions = predict(model, documents_of(dataset, "train", validation_rows, features),
                                          config.top_k)
 
-    metrics = runner.score(predictions, dataset.test_labels, None, weights, config.eval_ks, filtered=dataset.test_filter)
+    metrics = runner.score(predictions, dataset.test_labels, None, weights, config.eval_ks, filtered=dataset.test_filter,
+                           zero_shot=runner.zero_shot_mask(run_labels.counts, num_labels, len(dataset.label_names)))
     save_model_dir(output / "model", model, plan.method, config, dataset.label_names[:num_labels], run_labels)
     # one pass over the training documents: the ms/document/epoch of a component method's run
     runner.write_results(output, dataset, metrics, predictions, validation_predictions, validation_rows, train_seconds,

@@ -1,0 +1,155 @@
+"""xmcbench-dual: its components pass the conformance suite, its methods compose (check_method: shared towers,
+save -> load -> predict, the retriever path, exact resume), its losses match counts made by hand, its sampler mines
+on schedule, and its presets and derived settings resolve."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from xmcbench import runner
+from xmcbench.config import Stage
+from xmcbench.interfaces import EpochContext, LabelClusters
+from xmcbench.registry import build_registry
+from xmcbench.testing import check_component, check_method, make_tiny_transformer, tiny_config, write_tiny_dataset, \
+    write_tiny_label_texts
+from xmcbench_dual.components import IndexNegatives, build_dual_tower, build_index_negatives, build_label_index
+from xmcbench_dual.encoder import build_transformer_mean
+from xmcbench_dual.losses import decoupled_softmax, triplet_margin
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XMCBENCH_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return make_tiny_transformer(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def registry():
+    registry = build_registry()
+    assert not registry.failures_of("dual"), registry.failures_of("dual")
+    return registry
+
+
+def tiny(tiny_model, *extra):
+    return [f"model_name={tiny_model}", "pretrained_weights=false", *extra]
+
+
+# -- components and methods -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind, factory", [("encoder", build_transformer_mean), ("recaller", build_label_index),
+                                           ("ranker", build_dual_tower), ("sampler", build_index_negatives)])
+def test_each_component_conforms(kind, factory, tiny_model):
+    check_component(kind, factory, tiny_config(tiny_model))
+
+
+@pytest.mark.parametrize("options", [{}, {"options.free_vectors": "true"}, {"options.loss": "triplet"}])
+def test_the_dual_encoder_composes(registry, tiny_model, options):
+    check_method(registry, "dual", tiny(tiny_model, "options.mine_from_epoch=0", "options.refresh_every=1",
+                                        *(f"{key}={value}" for key, value in options.items())))
+
+
+def test_ngame_composes_with_its_classifier_stage(registry, tiny_model):
+    check_method(registry, "dual-ngame", tiny(tiny_model, "refit_epochs=1"))
+
+
+# -- losses --------------------------------------------------------------------------------------------------
+
+SIMILARITY = torch.tensor([[0.9, 0.1, 0.5, 0.0], [0.2, 0.8, 0.3, 0.7], [0.4, 0.3, 0.2, 0.1]])
+TARGETS = torch.tensor([[1., 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 0]])
+MASK = torch.tensor([[True, True, True, False], [True, True, True, True], [True, True, True, True]])
+
+
+def test_decoupled_softmax_by_hand():
+    # row 0: positives 0.9 and 0.5 each against the one real negative 0.1 (tau 0.05: 18, 10, 2); row 1: 0.8 (16)
+    # against 0.2, 0.3, 0.7 (4, 6, 14); row 2 has no positive and counts for nothing
+    row0 = (math.log1p(math.exp(2 - 18)) + math.log1p(math.exp(2 - 10))) / 2
+    row1 = -(16 - math.log(math.exp(16) + math.exp(4) + math.exp(6) + math.exp(14)))
+    assert decoupled_softmax(SIMILARITY, TARGETS, MASK, 0.05).item() == pytest.approx((row0 + row1) / 2, rel=1e-5)
+
+
+def test_triplet_margin_by_hand():
+    # row 0: the one real negative, 0.1, violates no margin of 0.3 (0.1 - 0.5 + 0.3 < 0); row 1: of the two hardest
+    # negatives, 0.7 and 0.3, only 0.7 violates (0.7 - 0.8 + 0.3 = 0.2) and takes all the softmax weight
+    assert triplet_margin(SIMILARITY, TARGETS, MASK, 0.3, 2).item() == pytest.approx(0.2 / 2)
+    assert triplet_margin(SIMILARITY, TARGETS, MASK, 0.0, 2).item() == 0.0
+
+
+# -- the sampler ---------------------------------------------------------------------------------------------
+
+def epoch_context(epoch: int, documents: torch.Tensor, labels: torch.Tensor) -> EpochContext:
+    return EpochContext(Stage("contrastive"), epoch, len(documents), None, map_documents=lambda f, d: documents,
+                        map_labels=lambda f, d: labels, recalled_clusters=lambda top: None,
+                        encoder=type("E", (), {"out_dim": documents.shape[1]})())
+
+
+def test_hard_negatives_are_mined_on_schedule_and_shared_in_batch():
+    torch.manual_seed(0)
+    documents, labels = torch.randn(6, 4), torch.randn(10, 4)
+    sampler = IndexNegatives(hard_negatives=3, negatives_per_document=1, mine_from_epoch=1, refresh_every=2)
+    mined = []
+    for epoch in range(5):
+        sampler.start_epoch(epoch_context(epoch, documents, labels * (epoch + 1)))
+        mined.append(None if sampler.mined is None else sampler.mined.clone())
+    assert mined[0] is None, "no mining before mine_from_epoch"
+    assert mined[1] is not None and torch.equal(mined[2], mined[1]) and mined[3] is not None
+    expected = (torch.nn.functional.normalize(documents, dim=1) @ torch.nn.functional.normalize(labels, dim=1).T
+                ).topk(3, dim=1).indices
+    assert torch.equal(mined[1], expected)
+
+    clusters = LabelClusters.from_assignment(torch.arange(10), 10)
+    positives = torch.tensor([[0, -1], [5, 6]])
+    candidates = sampler(None, positives, clusters, torch.tensor([0, 3]))
+    for row in range(2):
+        chosen = set(candidates.labels[row][candidates.mask[row]].tolist())
+        assert {0, 5, 6} <= chosen, "every positive of the batch is a candidate of every document"
+        assert len(chosen) <= 3 + 2, "the batch's positives and one mined negative per document"
+    real = candidates.mask[0]   # padding slots hold label 0 too
+    assert candidates.targets[0][(candidates.labels[0] == 0) & real].item() == 1.0
+    assert candidates.targets[0][(candidates.labels[0] == 5) & real].item() == 0.0
+
+
+# -- settings -------------------------------------------------------------------------------------------------
+
+def test_presets_name_their_published_settings(registry):
+    plan = runner.plan_run(registry, "dual", "LF-AmazonTitles-131K")   # a preset: no data read
+    assert plan.preset == "lfamazontitles131k"
+    config = plan.config
+    assert (config.model_name, config.max_length, config.batch_size, config.lr, config.epochs) == \
+        ("distilbert-base-uncased", 32, 3000, 3e-4, 100)
+    assert config.options["tau"] == 0.05 and config.options["mine_from_epoch"] == 5
+    ngame = runner.plan_run(registry, "dual-ngame", "LF-WikiSeeAlso-320K").config
+    assert (ngame.max_length, ngame.batch_size, ngame.options["loss"], ngame.options["margin"]) == \
+        (128, 350, "triplet", 0.3)
+
+
+def test_a_dataset_without_preset_derives_its_mining_schedule(registry, tiny_model, tmp_path):
+    data = write_tiny_dataset(tmp_path / "data")
+    plan = runner.plan_run(registry, "dual", str(data), set_options=tiny(tiny_model))
+    assert plan.config.options["mine_from_epoch"] == 1 and plan.config.options["refresh_every"] == 2
+    assert {"options.mine_from_epoch", "options.refresh_every"} <= set(plan.derived)
+    mine = runner.plan_run(registry, "dual", str(data), set_options=tiny(tiny_model, "options.refresh_every=3"))
+    assert mine.config.options["refresh_every"] == 3, "what the user sets wins over what is derived"
+
+
+@pytest.mark.slow
+def test_a_run_predicts_from_label_texts(registry, tiny_model, tmp_path):
+    data = write_tiny_dataset(tmp_path / "data")
+    write_tiny_label_texts(data)
+    plan = runner.plan_run(registry, "dual", str(data), set_options=tiny(tiny_model, "epochs=2", "threads=1"), seed=0)
+    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["resolved"]["components"] == {"encoder": "transformer-mean", "recaller": "label-index",
+                                                "ranker": "dual-tower", "sampler": "index-negatives"}
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert 0 <= metrics["P@1"] <= 100
+    found = runner.predict_texts(run_dir, ["python interpreter module script"], top_k=3, registry=registry)[0]
+    assert len(found["labels"]) == 3 and np.all(np.diff(found["scores"]) <= 0)

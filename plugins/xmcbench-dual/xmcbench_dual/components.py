@@ -1,0 +1,210 @@
+"""The dual encoder's components: the label tower and loss (ranker `dual-tower`), the label index prediction
+searches (retriever `label-index`) and the negatives (sampler `index-negatives`). Shapes: B documents, D the
+encoder's size, L labels, C candidates per document, k labels kept per document.
+
+Documents and labels are embedded by the method's one encoder (the `encoder` every factory here declares: one set
+of weights, trained by both towers, saved once) and compared by cosine similarity. A label's embedding is its text's
+(LabelInfo.texts; a label without a text, its name), plus, with options.free_vectors, a free vector of its own
+(DEXA, Dahiya et al., KDD 2023), both normalised. With options.classifier, a second stage trains one more vector
+per label on the frozen encoder (NGAME's classifier over the index's shortlist), whose score the method fuses with
+the search's (score_combiner weighted-sum).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from xmcbench.candidates import positive_targets, unique_per_row
+from xmcbench.config import Option
+from xmcbench.interfaces import Candidates, EpochContext, LabelClusters, LabelInfo, Ranker, Retriever, Sampler, \
+    StageContext
+from xmcbench.tokenization import tokenize
+
+from xmcbench_dual.losses import decoupled_softmax, triplet_margin
+
+CLASSIFIER_STAGE = "classifier"   # the stage in which the ranker trains its classifier vectors
+
+RANKER_OPTIONS = (
+    Option("loss", str, "decoupled-softmax", "the contrastive loss: DEXML's decoupled softmax or NGAME's triplet margin",
+           choices=("decoupled-softmax", "triplet")),
+    Option("tau", float, 0.05, "temperature of the decoupled softmax (DEXML: 0.05)", minimum=1e-4),
+    Option("margin", float, 0.3, "margin of the triplet loss (NGAME: 0.3 for the encoder, 0.2 for the classifier)",
+           minimum=0.0),
+    Option("triplet_negatives", int, 10, "hardest negatives per positive in the triplet loss (NGAME: 10)", minimum=1),
+    Option("free_vectors", bool, False, "add a free vector of its own to each label's text embedding (DEXA)"),
+    Option("classifier", bool, False, "train a classifier vector per label in a stage named classifier (NGAME)"),
+    Option("label_length", int, 0, "tokens of a label text (0: max_length)", minimum=0),
+)
+SAMPLER_OPTIONS = (
+    Option("hard_negatives", int, 100, "labels of the current index each document draws its hard negatives from "
+           "(DEXML: the top 100)", minimum=0),
+    Option("negatives_per_document", int, 1, "hard negatives each document draws at each step, shared in-batch "
+           "(DEXML: 1)", minimum=0),
+    Option("mine_from_epoch", int, 5, "0-based epoch of each stage from which hard negatives are mined (DEXML: 5)",
+           minimum=0),
+    Option("refresh_every", int, 5, "epochs between two minings (NGAME and DEXML: 5)", minimum=1),
+)
+
+
+def normalized(vectors: torch.Tensor) -> torch.Tensor:
+    return nn.functional.normalize(vectors, dim=-1)
+
+
+# -- the label tower ------------------------------------------------------------------------------------------
+
+class DualTower(Ranker):
+    """(B, D) representation, (B, C) candidate ids -> (B, C) cosine similarities of the document and the candidates'
+    label embeddings (with a classifier: of the document and the candidates' classifier vectors, once trained).
+
+    Training encodes the candidates' texts with the shared encoder at every step (gradients reach it through both
+    towers); prediction reads `text_vectors`, every label's text embedding computed by `finalize`."""
+
+    def __init__(self, encoder, label_info: LabelInfo, label_length: int, loss: str, tau: float, margin: float,
+                 triplet_negatives: int, free_vectors: bool, classifier: bool) -> None:
+        super().__init__()
+        self.encoder = encoder   # the method's encoder itself (shared), never a copy
+        texts = list(label_info.texts or label_info.names)
+        tokens = tokenize(texts, encoder.tokenizer, label_length, None, description=None)
+        ids, mask = tokens.batch(torch.arange(len(texts)).numpy())
+        self.register_buffer("text_ids", ids, persistent=False)      # (L, T): rebuilt from the texts when loaded
+        self.register_buffer("text_mask", mask, persistent=False)
+        self.register_buffer("text_vectors", torch.zeros(len(texts), encoder.out_dim))   # (L, D), saved
+        self.loss_name, self.tau, self.margin, self.triplet_negatives = loss, tau, margin, triplet_negatives
+        # DEXA's free vectors start at 0: a label starts at its text; sparse, so a step updates its candidates' rows
+        self.free = nn.Embedding(len(texts), encoder.out_dim, sparse=True) if free_vectors else None
+        if self.free is not None:
+            nn.init.zeros_(self.free.weight)
+        self.classifier = nn.Embedding(len(texts), encoder.out_dim, sparse=True) if classifier else None
+        # 1 once the classifier stage has started: prediction then scores with the classifier (saved with the model)
+        self.register_buffer("classifier_trained", torch.zeros((), dtype=torch.bool))
+        self.training_classifier = False
+
+    def label_vectors(self, labels: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        """(..., D) normalised label embeddings of label ids (...) whose text embeddings are `text` (..., D)."""
+        vectors = normalized(text)
+        if self.free is not None:
+            vectors = normalized(vectors + self.free(labels))
+        return vectors
+
+    def forward(self, representation: torch.Tensor, candidate_labels: torch.Tensor) -> torch.Tensor:
+        document = normalized(representation)                                           # (B, D)
+        if self.classifier is not None and (self.training_classifier or
+                                            (not self.training and bool(self.classifier_trained))):
+            return torch.einsum("bd,bcd->bc", document, normalized(self.classifier(candidate_labels)))
+        if not self.training:
+            return torch.einsum("bd,bcd->bc", document,
+                                self.label_vectors(candidate_labels, self.text_vectors[candidate_labels]))
+        unique, inverse = torch.unique(candidate_labels, return_inverse=True)          # (U,), (B, C)
+        text = self.encoder(self.text_ids[unique], self.text_mask[unique])              # (U, D)
+        return (document @ self.label_vectors(unique, text).T).gather(1, inverse)
+
+    def loss(self, logits: torch.Tensor, candidates: Candidates) -> torch.Tensor:
+        if self.loss_name == "triplet" or self.training_classifier:
+            return triplet_margin(logits, candidates.targets, candidates.mask, self.margin, self.triplet_negatives)
+        return decoupled_softmax(logits, candidates.targets, candidates.mask, self.tau)
+
+    def start_stage(self, context: StageContext) -> None:
+        self.training_classifier = self.classifier is not None and context.stage.name == CLASSIFIER_STAGE
+
+    def start_epoch(self, context: EpochContext) -> None:
+        if self.training_classifier and context.epoch == 0:   # NGAME: classifiers start at their label embeddings
+            with torch.no_grad():
+                labels = torch.arange(len(self.text_vectors), device=self.text_vectors.device)
+                start = self.label_vectors(labels, context.label_embeddings().to(self.text_vectors))
+                self.classifier.weight.copy_(start)
+                self.classifier_trained.fill_(True)
+
+    def finalize(self, context: EpochContext) -> None:
+        self.text_vectors.copy_(context.label_embeddings().to(self.text_vectors))
+
+    def training_state(self) -> dict[str, torch.Tensor]:
+        return {"training_classifier": torch.tensor(self.training_classifier)}
+
+    def load_training_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.training_classifier = bool(state.get("training_classifier", False))
+
+
+def build_dual_tower(config, in_dim: int, num_labels: int, *, encoder, label_info: LabelInfo) -> DualTower:
+    values = {option.name: option.value_of(config) for option in RANKER_OPTIONS}
+    return DualTower(encoder, label_info, values.pop("label_length") or config.max_length, **values)
+
+
+# -- the index prediction searches ------------------------------------------------------------------------------
+
+class LabelIndex(Retriever):
+    """Nearest-neighbour search over every label's normalised text embedding, built by `finalize` (before each
+    validation and when training ends) from the shared encoder: a document's top labels by cosine similarity, the
+    shortlist the label tower then scores. Exact search: at the label counts of the shipped datasets one matrix
+    product is as fast as an approximate index."""
+
+    def __init__(self, num_labels: int, dim: int) -> None:
+        super().__init__()
+        self.num_clusters = num_labels
+        self.register_buffer("label_vectors", torch.zeros(num_labels, dim))   # (L, D) normalised, saved
+
+    def forward(self, representation: torch.Tensor) -> torch.Tensor:
+        return normalized(representation) @ self.label_vectors.T                     # (B, L)
+
+    def search(self, representation: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, labels = self(representation).float().topk(min(top, self.num_clusters), dim=1)
+        return labels, logits
+
+    def finalize(self, context: EpochContext) -> None:
+        self.label_vectors.copy_(normalized(context.label_embeddings()).to(self.label_vectors))
+
+
+def build_label_index(config, in_dim: int, num_labels: int, *, encoder) -> LabelIndex:
+    return LabelIndex(num_labels, encoder.out_dim)
+
+
+# -- negatives ----------------------------------------------------------------------------------------------
+
+class IndexNegatives(Sampler):
+    """A document's candidates: every positive of its batch (in-batch negatives for the others) and, from epoch
+    mine_from_epoch of a stage on, hard negatives: each document draws negatives_per_document of its own top
+    hard_negatives labels under the current model (mined every refresh_every epochs from the document and label
+    embeddings), shared with the batch too (DEXML's hard-negative mining)."""
+
+    reads_recall_logits = False
+
+    def __init__(self, hard_negatives: int, negatives_per_document: int, mine_from_epoch: int, refresh_every: int) -> None:
+        super().__init__()
+        self.hard_negatives, self.per_document = hard_negatives, negatives_per_document
+        self.mine_from_epoch, self.refresh_every = mine_from_epoch, refresh_every
+        self.mined: torch.Tensor | None = None   # (N, hard_negatives) long, on the CPU
+
+    def start_stage(self, context: StageContext) -> None:
+        self.mined = None   # a stage mines from its own model
+
+    def start_epoch(self, context: EpochContext) -> None:
+        since = context.epoch - self.mine_from_epoch
+        if self.hard_negatives and self.per_document and since >= 0 and since % self.refresh_every == 0:
+            documents = normalized(context.document_embeddings())
+            labels = normalized(context.label_embeddings())
+            top = min(self.hard_negatives, len(labels))
+            self.mined = torch.cat([(rows @ labels.T).topk(top, dim=1).indices
+                                    for rows in documents.split(4096)])              # bounded memory: 4,096 rows at once
+
+    def training_state(self) -> dict[str, torch.Tensor]:
+        return {} if self.mined is None else {"mined": self.mined}
+
+    def load_training_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.mined = state.get("mined")
+
+    def forward(self, recall_logits, positives: torch.Tensor, clusters: LabelClusters,
+                doc_index: torch.Tensor) -> Candidates:
+        batch = positives.shape[0]
+        shared = [positives.reshape(1, -1)]                                             # the batch's positives
+        if self.mined is not None:
+            mined = self.mined[doc_index.cpu()]                                          # (B, hard_negatives)
+            draws = torch.randint(mined.shape[1], (batch, self.per_document))
+            shared.append(mined.gather(1, draws).reshape(1, -1).to(positives.device))
+        ids = torch.cat([positives, *(part.expand(batch, -1) for part in shared)], dim=1)
+        labels, keep = unique_per_row(ids.clamp_min(0), ids >= 0)
+        return Candidates(labels=labels, mask=keep, clusters=clusters.label_cluster[labels],
+                          targets=positive_targets(labels, positives) * keep)
+
+
+def build_index_negatives(config) -> IndexNegatives:
+    return IndexNegatives(*(option.value_of(config) for option in SAMPLER_OPTIONS))
