@@ -6,8 +6,17 @@ Prints training documents/second, prediction ms/document, and two ratios:
   full prediction / encoder forward               (recall, candidate expansion, ranking, top-k)
 Both sides run on the same batches, interleaved, so machine noise hits them alike.
 
+A method whose ranker reads the labels' texts through the method's own encoder (a dual encoder's label tower:
+the ranker holds the encoder and the tokenized texts as `encoder`, `text_ids`, `text_mask`) does encoder work on
+both towers: its baseline is the encoder's forward+backward on the batch's documents and on the texts of the
+candidates its sampler draws for that batch, as many as the full step encodes. Its sampler first mines hard
+negatives as at an epoch where mining is on (the core's start_epoch, with the document and label embeddings of
+the whole training set, at epoch 0: set its schedule to mine there, e.g. --set options.mine_from_epoch=0), so the
+candidates are those of a mining epoch.
+
     python benchmarks/step_ratio.py --dataset debian-debtags-mini --threads 2
     python benchmarks/step_ratio.py --dataset debian-builddeps --set cluster_size=16 --threads 2
+    python benchmarks/step_ratio.py --method dual --dataset debian-debtags-mini --set options.mine_from_epoch=0 --threads 2
 """
 
 from __future__ import annotations
@@ -24,7 +33,10 @@ from xmcbench.batching import epoch_batches, padded_positives
 from xmcbench.device import pick_device, set_threads
 from xmcbench.optim import build_optimizers
 from xmcbench.registry import build_registry
+from xmcbench.interfaces import overrides
+from xmcbench.labels import label_info
 from xmcbench.tokenization import tokenize
+from xmcbench.training import Trainer
 
 
 def timed(function, device) -> float:
@@ -52,14 +64,30 @@ def main() -> None:
     threads = set_threads(config)
     device = pick_device(config)
     dataset = runner.open_dataset(registry, plan.dataset)
+    dataset, _ = runner.training_view(dataset, config, registry.method(args.method), log=lambda line: None)
     rows = np.arange(len(dataset.train_texts))
     clusters = runner.label_clusters(dataset, config, rows)
     torch.manual_seed(config.seed)
-    model = runner.build_model(registry, config, clusters).to(device).train()
+    labels = label_info(dataset, config, rows)
+    model = runner.build_model(registry, config, clusters, label_info=labels).to(device).train()
     tokens = tokenize(dataset.train_texts, model.encoder.tokenizer, config.max_length, f"{dataset.version}/train")
     optimizers = build_optimizers(model, config)
     batches = epoch_batches(tokens.lengths, config.batch_size, np.random.default_rng(0),
                             config.length_bucketing)[: args.batches + 2]
+    label_tower = model.ranker is not None and getattr(model.ranker, "encoder", None) is model.encoder \
+        and hasattr(model.ranker, "text_ids")
+    if label_tower and overrides(model.sampler, "start_epoch"):   # the candidates of an epoch that mines
+        label_tokens = tokenize(list(labels.texts or labels.names), model.encoder.tokenizer, config.max_length, None,
+                                description="tokenizing label texts")
+        trainer = Trainer(model, tokens, dataset.train_labels, config, device, label_info=labels,
+                          label_tokens=lambda: label_tokens)
+        trainer.announce("start_epoch", trainer.stage, 0)   # give the sampler a schedule that mines at epoch 0
+    candidate_texts = {}   # batch -> the label ids whose texts the full step encodes
+    if label_tower:
+        for batch in batches:
+            positives = padded_positives(dataset.train_labels, batch).to(device)
+            drawn = model.sampler(None, positives, clusters.to(device), torch.from_numpy(batch).to(device))
+            candidate_texts[id(batch)] = torch.unique(drawn.labels[drawn.mask])
 
     def full_step(batch):
         ids, mask = (t.to(device) for t in tokens.batch(batch))
@@ -74,7 +102,11 @@ def main() -> None:
     def encoder_step(batch):
         ids, mask = (t.to(device) for t in tokens.batch(batch))
         model.zero_grad(set_to_none=True)
-        model.encoder(ids, mask).sum().backward()
+        work = model.encoder(ids, mask).sum()
+        if label_tower:   # the label tower's share: the candidates' texts through the same encoder
+            texts = candidate_texts[id(batch)]
+            work = work + model.encoder(model.ranker.text_ids[texts], model.ranker.text_mask[texts]).sum()
+        work.backward()
 
     @torch.no_grad()
     def full_predict(batch):
@@ -103,7 +135,9 @@ def main() -> None:
     ratio = lambda a, b: statistics.median(x / y for x, y in zip(timings[a], timings[b]))
     print(f"dataset {dataset.name}, {dataset.num_labels} labels, {clusters.num_clusters} clusters"
           f"{' (flat)' if clusters.is_flat else ''}; encoder {config.model_name}, max length {config.max_length}, "
-          f"batch {config.batch_size}; device {device}, {threads} threads; {documents} documents timed")
+          f"batch {config.batch_size}; device {device}, {threads} threads; {documents} documents timed"
+          + (f"; the label tower encodes {np.mean([len(t) for t in candidate_texts.values()]):.0f} label texts a "
+             "batch, counted as encoder work" if label_tower else ""))
     print(f"training:   {documents / total['full_step']:.1f} documents/s, "
           f"{1000 * total['full_step'] / documents:.1f} ms/document "
           f"(encoder forward+backward alone {1000 * total['encoder_step'] / documents:.1f})")

@@ -146,7 +146,7 @@ class Trainer:
                     if self.stop_stage:
                         break
                     if self.batch_in_epoch == 0:   # a run resumed inside the epoch has its components' state
-                        self._announce("start_epoch", stage, self.epoch)
+                        self.announce("start_epoch", stage, self.epoch)
                     self.run_epoch(stage)
                 self._end_stage()
             self.save_checkpoint()
@@ -241,7 +241,7 @@ class Trainer:
         """Announce the end of training to the components (LifecycleEvents.finalize), with the final weights in
         place: what fit() returns is then ready to predict and to be saved. Leaves the model in eval mode."""
         started = time.perf_counter()
-        self._announce("finalize", self.stages[-1], None)
+        self.announce("finalize", self.stages[-1], None)
         self.model.eval()
         self.train_seconds += time.perf_counter() - started   # building an index is part of training
 
@@ -249,11 +249,11 @@ class Trainer:
         """`validate`, after the model to score (the SWA average or the model itself) has heard `finalize`: a
         component that builds what prediction reads (a label index) builds it from the weights being scored."""
         def prepared(candidate: nn.Module) -> float:
-            self._announce("finalize", self.stage, None, candidate)
+            self.announce("finalize", self.stage, None, candidate)
             return validate(candidate)
         return prepared
 
-    def _announce(self, event: str, stage: Stage, epoch: int | None, model: XMCModel | None = None) -> None:
+    def announce(self, event: str, stage: Stage, epoch: int | None, model: XMCModel | None = None) -> None:
         """Call lifecycle event `event` ("start_epoch" or "finalize") on every component of `model` (default: the
         model being trained) that implements it, with one EpochContext whose embeddings are computed at most once
         for all of them, by that model."""
