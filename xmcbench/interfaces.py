@@ -326,7 +326,8 @@ class Retriever(Recaller):
 class Sampler(nn.Module, LifecycleEvents, ABC):
     """Training only: decides which candidate labels the ranker sees, and their 0/1 targets.
 
-    Contract: every positive label of a document is among its candidates, exactly once.
+    Contract: every positive label of a document is among its candidates, exactly once (with samples_positives:
+    at least one of them, none twice).
     In a deeper label tree (TrainConfig.tree_levels) each level has a sampler of its own, built with
     config.top_clusters set to the nodes that level keeps; its "labels" are that level's nodes, its
     "clusters" their parents, its recall_logits the level above's logits over all its nodes (the lowest
@@ -342,6 +343,10 @@ class Sampler(nn.Module, LifecycleEvents, ABC):
     """
 
     reads_recall_logits: bool = True
+    #: True for a sampler that draws a subset of each document's positives at every step (DEXML samples one for
+    #: its softmax): the contract then asks at least one positive of each document that has any, none twice, and
+    #: targets 1 on every candidate that is a positive of the document, sampled or not
+    samples_positives: bool = False
 
     @abstractmethod
     def forward(self, recall_logits: torch.Tensor | None, positives: torch.Tensor, clusters: LabelClusters,

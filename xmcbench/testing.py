@@ -35,8 +35,9 @@ AssertionError naming the component and the broken rule. What every kind is chec
 - recaller: `num_clusters` as asked, `loss` a finite scalar;
 - sampler: after one `start_stage`, for random recall logits and positives padded with -1, `Candidates`
   whose tensors share one (B, C) shape; every slot a valid label id; no label twice in a row among
-  masked-in slots; every positive there exactly once; each candidate's cluster its label's cluster;
-  targets 1 exactly on masked-in positives and 0 everywhere else.
+  masked-in slots; every positive there exactly once (a sampler with `samples_positives`: at most once, and at
+  least one of each document's); each candidate's cluster its label's cluster; targets 1 exactly on masked-in
+  positives and 0 everywhere else.
 
 Comparisons on one device and dtype are exact (`torch.equal`), except padding, permuted candidates and the
 encoder rebuilt from export (float32 rounding: SAME_RTOL, SAME_ATOL); the checks are small and run on the CPU in
@@ -793,7 +794,7 @@ def _positives(batch: int, num_labels: int, generator: torch.Generator, allow_em
 
 
 def _check_candidates(check: _Check, candidates: Any, positives: torch.Tensor, clusters: LabelClusters,
-                      device: torch.device, description: str) -> None:
+                      device: torch.device, description: str, samples_positives: bool = False) -> None:
     rule = "the sampler's training invariant"
     check.require(isinstance(candidates, Candidates), "a sampler must return xmcbench.interfaces.Candidates",
                   f"got {type(candidates).__name__}")
@@ -828,9 +829,17 @@ def _check_candidates(check: _Check, candidates: Any, positives: torch.Tensor, c
         wanted = positives[row][positives[row] >= 0].tolist()
         for label in wanted:
             count = chosen.count(label)
-            check.require(count == 1, f"{rule}: every positive must be a candidate exactly once",
-                          f"row {row}: positive {label} appears {count} times among {len(chosen)} masked-in "
-                          f"candidates ({description})")
+            if samples_positives:
+                check.require(count <= 1, f"{rule}: no positive may be a candidate twice",
+                              f"row {row}: positive {label} appears {count} times ({description})")
+            else:
+                check.require(count == 1, f"{rule}: every positive must be a candidate exactly once",
+                              f"row {row}: positive {label} appears {count} times among {len(chosen)} masked-in "
+                              f"candidates ({description})")
+        if samples_positives and wanted:
+            check.require(any(label in chosen for label in wanted), f"{rule}: a sampler that samples positives must "
+                          "keep at least one of each document's", f"row {row}: none of {wanted} among {sorted(chosen)} "
+                          f"({description})")
         expected = torch.tensor([float(mask[row, slot] and int(labels[row, slot]) in wanted)
                                  for slot in range(shape[1])], dtype=torch.float64)
         check.require(torch.equal(targets[row], expected), f"{rule}: targets must be 1 exactly on masked-in "
@@ -881,7 +890,8 @@ def check_sampler(factory, config, num_labels: int = 24, num_clusters: int = 6, 
         seed_everything(CALL_SEED)
         with check.rule(rule):
             candidates = sampler(logits, positives, clusters.to(device), doc_index)
-        _check_candidates(check, candidates, positives, clusters, device, description)
+        _check_candidates(check, candidates, positives, clusters, device, description,
+                          getattr(sampler, "samples_positives", False))
         return candidates
 
     cpu = torch.device("cpu")

@@ -94,7 +94,8 @@ def epoch_context(epoch: int, documents: torch.Tensor, labels: torch.Tensor) -> 
 def test_hard_negatives_are_mined_on_schedule_and_shared_in_batch():
     torch.manual_seed(0)
     documents, labels = torch.randn(6, 4), torch.randn(10, 4)
-    sampler = IndexNegatives(hard_negatives=3, negatives_per_document=1, mine_from_epoch=1, refresh_every=2)
+    sampler = IndexNegatives(positives_per_document=0, hard_negatives=3, negatives_per_document=1, mine_from_epoch=1,
+                             refresh_every=2)
     mined = []
     for epoch in range(5):
         sampler.start_epoch(epoch_context(epoch, documents, labels * (epoch + 1)))
@@ -115,6 +116,26 @@ def test_hard_negatives_are_mined_on_schedule_and_shared_in_batch():
     real = candidates.mask[0]   # padding slots hold label 0 too
     assert candidates.targets[0][(candidates.labels[0] == 0) & real].item() == 1.0
     assert candidates.targets[0][(candidates.labels[0] == 5) & real].item() == 0.0
+
+
+def test_one_positive_drawn_per_document_is_shared_in_batch():
+    sampler = IndexNegatives(positives_per_document=1, hard_negatives=0, negatives_per_document=0, mine_from_epoch=0,
+                             refresh_every=1)
+    assert sampler.samples_positives
+    clusters = LabelClusters.from_assignment(torch.arange(10), 10)
+    positives = torch.tensor([[0, 1, 2], [5, -1, -1], [1, 7, -1]])
+    torch.manual_seed(0)
+    candidates = sampler(None, positives, clusters, torch.tensor([0, 1, 2]))
+    drawn = []
+    for row in range(3):
+        chosen = candidates.labels[row][candidates.mask[row]].tolist()
+        own = [label for label in chosen if label in positives[row].tolist()]
+        assert own, "a document keeps at least one of its positives"
+        assert len(chosen) <= 3, "three documents draw one positive each, shared in-batch"
+        targets = candidates.targets[row][candidates.mask[row]].tolist()
+        assert targets == [float(label in positives[row].tolist()) for label in chosen]
+        drawn.append(chosen)
+    assert drawn[0] == drawn[1] == drawn[2], "every document sees the batch's drawn positives"
 
 
 # -- settings -------------------------------------------------------------------------------------------------

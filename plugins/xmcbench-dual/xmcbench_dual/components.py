@@ -37,6 +37,9 @@ RANKER_OPTIONS = (
     Option("label_length", int, 0, "tokens of a label text (0: max_length)", minimum=0),
 )
 SAMPLER_OPTIONS = (
+    Option("positives_per_document", int, 1, "positives each document draws at each step for the loss, shared "
+           "in-batch (DEXML: 1; 0: all of them): a document of many labels then costs the label tower one text",
+           minimum=0),
     Option("hard_negatives", int, 100, "labels of the current index each document draws its hard negatives from "
            "(DEXML: the top 100)", minimum=0),
     Option("negatives_per_document", int, 1, "hard negatives each document draws at each step, shared in-batch "
@@ -161,15 +164,20 @@ def build_label_index(config, in_dim: int, num_labels: int, *, encoder) -> Label
 # -- negatives ----------------------------------------------------------------------------------------------
 
 class IndexNegatives(Sampler):
-    """A document's candidates: every positive of its batch (in-batch negatives for the others) and, from epoch
-    mine_from_epoch of a stage on, hard negatives: each document draws negatives_per_document of its own top
-    hard_negatives labels under the current model (mined every refresh_every epochs from the document and label
-    embeddings), shared with the batch too (DEXML's hard-negative mining)."""
+    """A document's candidates: positives_per_document of its positives drawn at random at each step (all with
+    0), the positives the other documents of the batch drew (in-batch negatives, unless they are its positives
+    too) and, from epoch mine_from_epoch of a stage on, hard negatives: each document draws negatives_per_document
+    of its own top hard_negatives labels under the current model (mined every refresh_every epochs from the
+    document and label embeddings), shared with the batch too (DEXML's hard-negative mining). Every candidate that
+    is a positive of the document is one for the loss, drawn or not."""
 
     reads_recall_logits = False
 
-    def __init__(self, hard_negatives: int, negatives_per_document: int, mine_from_epoch: int, refresh_every: int) -> None:
+    def __init__(self, positives_per_document: int, hard_negatives: int, negatives_per_document: int,
+                 mine_from_epoch: int, refresh_every: int) -> None:
         super().__init__()
+        self.positives_per_document = positives_per_document
+        self.samples_positives = positives_per_document > 0
         self.hard_negatives, self.per_document = hard_negatives, negatives_per_document
         self.mine_from_epoch, self.refresh_every = mine_from_epoch, refresh_every
         self.mined: torch.Tensor | None = None   # (N, hard_negatives) long, on the CPU
@@ -195,12 +203,17 @@ class IndexNegatives(Sampler):
     def forward(self, recall_logits, positives: torch.Tensor, clusters: LabelClusters,
                 doc_index: torch.Tensor) -> Candidates:
         batch = positives.shape[0]
-        shared = [positives.reshape(1, -1)]                                             # the batch's positives
+        drawn = positives
+        if self.positives_per_document and positives.shape[1] > self.positives_per_document:
+            # random keys, padding (-1) sorted last: the first keys are a uniform draw without replacement
+            keys = torch.rand(positives.shape, device=positives.device).masked_fill(positives < 0, 2.0)
+            drawn = positives.gather(1, keys.argsort(dim=1)[:, :self.positives_per_document])   # (B, p)
+        shared = [drawn.reshape(1, -1)]                                                 # the batch's drawn positives
         if self.mined is not None:
             mined = self.mined[doc_index.cpu()]                                          # (B, hard_negatives)
             draws = torch.randint(mined.shape[1], (batch, self.per_document))
             shared.append(mined.gather(1, draws).reshape(1, -1).to(positives.device))
-        ids = torch.cat([positives, *(part.expand(batch, -1) for part in shared)], dim=1)
+        ids = torch.cat([drawn, *(part.expand(batch, -1) for part in shared)], dim=1)
         labels, keep = unique_per_row(ids.clamp_min(0), ids >= 0)
         return Candidates(labels=labels, mask=keep, clusters=clusters.label_cluster[labels],
                           targets=positive_targets(labels, positives) * keep)
