@@ -268,6 +268,11 @@ def plugins_command(options: bool = typer.Option(False, "--options", help="also 
                 entry.value.description] for name, entry in registry.loggers.items()]
     if loggers:   # what `--set loggers=NAME,...` may name
         typer.echo("\n" + tabulate(loggers, headers=["logger", "plugin", "needs", "description"], tablefmt="simple"))
+    executors = [[name, entry.origin.split(" (")[0], f"xmcbench[{entry.value.extra}]" if entry.value.extra else "",
+                  entry.value.description] for name, entry in registry.executors.items()]
+    if executors:   # what `compare --executor NAME` may name
+        typer.echo("\n" + tabulate(executors, headers=["executor", "plugin", "needs", "description"],
+                                    tablefmt="simple"))
     for failure in registry.failed:
         what = "warning" if isinstance(failure, RejectedName) else "not loaded"   # the rest of that plugin loaded
         typer.echo(f"{what}: {failure.name} ({failure.package}): {failure.error}")
@@ -389,17 +394,41 @@ def compare_command(methods: List[str] = typer.Argument(..., help="methods to co
                     text_column: Optional[str] = TextColumnOption, label_column: Optional[str] = LabelColumnOption,
                     label_separator: Optional[str] = LabelSeparatorOption,
                     id_column: Optional[str] = IdColumnOption, test_size: Optional[float] = TestSizeOption,
-                    label_texts: Optional[Path] = LabelTextsOption):
+                    label_texts: Optional[Path] = LabelTextsOption,
+
+                    executor: Optional[str] = typer.Option(None, "--executor", help="where the cells run: local (one "
+                                                           "after another here), ray, slurm (`xmcbench plugins` lists "
+                                                           "them) [default: local]"),
+                    cell_cpus: Optional[int] = typer.Option(None, "--cell-cpus", help="CPUs per cell, also its torch "
+                                                            "threads (same as --set threads=N)"),
+                    cell_gpus: Optional[float] = typer.Option(None, "--cell-gpus", help="GPUs per cell; a fraction "
+                                                              "shares a GPU (ray: 0.125 is eight cells per GPU)"),
+                    address: Optional[str] = typer.Option(None, "--address", help="ray: the cluster to use (auto, "
+                                                          "HOST:6379, ray://HOST:10001) [default: a Ray started here]"),
+                    partition: Optional[str] = typer.Option(None, "--partition", help="slurm: the partition"),
+                    time_limit: Optional[int] = typer.Option(None, "--time-limit", help="slurm: each cell's time "
+                                                             "limit in minutes"),
+                    executor_options: Optional[List[str]] = typer.Option(None, "--executor-option",
+                                                                         help="an option of the executor, key=value "
+                                                                              "(slurm: any sbatch option, e.g. "
+                                                                              "account=abc; repeatable)")):
     """Train every (method, seed) cell without a saved result, reuse the rest, and write a report."""
     import shlex
 
     from xmcbench.compare import compare
+    from xmcbench.executors import ExecutorOptions, LocalExecutor, parse_executor_options, with_cell_threads
 
     command = shlex.join(["xmcbench", "compare", *sys.argv[2:]]) if sys.argv[1:2] == ["compare"] else None
-    path = compare(build_registry(), methods, dataset, seeds, output, set_options or [], config_file, baseline,
-                   fmt, ensemble, data_dir, command, log=lambda line: typer.echo(line, err=True), fusion=fusion,
-                   reading=format_options(data_format, text_column, label_column, label_separator, id_column,
-                                          test_size, label_texts))
+    registry = build_registry()
+    options = ExecutorOptions(cell_cpus, cell_gpus, address, partition, time_limit,
+                              parse_executor_options(executor_options or []))
+    # an executor refuses what it cannot do (a missing engine, a flag it would ignore) before anything runs
+    runs_cells = registry.executor(executor).factory(options) if executor else LocalExecutor(options)
+    path = compare(registry, methods, dataset, seeds, output, with_cell_threads(set_options or [], cell_cpus),
+                   config_file, baseline, fmt, ensemble, data_dir, command, log=lambda line: typer.echo(line, err=True),
+                   fusion=fusion, reading=format_options(data_format, text_column, label_column, label_separator,
+                                                         id_column, test_size, label_texts),
+                   executor=runs_cells)
     typer.echo(f"report: {path}")
 
 

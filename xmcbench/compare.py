@@ -24,6 +24,7 @@ import xmcbench
 from xmcbench import runner
 from xmcbench.config import PATH_KIND, TrainConfig, training_stages
 from xmcbench.errors import XmcError
+from xmcbench.executors import Executor, GridContext, LocalExecutor, cell_task, run_grid
 from xmcbench.formats import FormatOptions
 from xmcbench.modelio import file_digest
 from xmcbench.registry import COMPONENT_KINDS, Registry, code_record
@@ -141,10 +142,12 @@ def check_shared_validation(plans: dict[tuple[str, int], runner.Plan]) -> None:
 def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds: list[int],
               set_options: list[str], config_file: Path | None, results_dir: Path, data_dir: Path | None = None,
               log=print, shared_validation: bool = False,
-              reading: FormatOptions | None = None) -> dict[str, list[Path]]:
+              reading: FormatOptions | None = None, executor: Executor | None = None) -> dict[str, list[Path]]:
     """Train what is missing; return {method: [run directory per seed]}. shared_validation: refuse first
     unless the methods of each seed share one validation split (check_shared_validation). reading: how to read
-    a dataset path (runner.open_dataset); its values are part of the dataset's version, hence of the keys."""
+    a dataset path (runner.open_dataset); its values are part of the dataset's version, hence of the keys.
+    executor: runs the cells without a finished run (xmcbench.executors; default: one after another in this
+    process), with the grid's locks and log in results_dir's sibling folder `grid`."""
     if not methods:
         raise XmcError("name at least one method to compare (e.g. xmcbench compare lightxml lightxml-static)")
     loaded = runner.open_dataset(registry, dataset or runner.default_dataset(registry), data_dir, reading)
@@ -160,7 +163,9 @@ def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds
         if registry.method(plan.method).whole_method is None:
             runner.check_components(registry, plan, loaded)
     version = loaded.version
+    grid_folder = Path(results_dir).parent / "grid"
     cells: dict[str, list[Path]] = {method: [] for method in methods}
+    tasks = []
     for (method, seed), plan in plans.items():
         record = provenance(registry, method, plan.config)
         run_dir = results_dir / f"{method}-seed{seed}-{result_key(registry, plan, version, record)}"
@@ -174,14 +179,10 @@ def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds
         cells[method].append(run_dir)
         if (run_dir / runner.FINISHED_MARKER).exists():
             log(f"{method} seed {seed}: reusing {run_dir}")
-        elif (run_dir / "config.json").exists() and not runner.continues_from_scratch(registry, method):
-            log(f"{method} seed {seed}: resuming {run_dir}")
-            resumed = runner.plan_resume(run_dir)
-            resumed.loaded = loaded
-            runner.run(resumed, run_dir, data_dir, registry=registry, log=log, resume=True)
         else:
-            log(f"{method} seed {seed}: training into {run_dir}")
-            runner.run(plan, run_dir, data_dir, registry=registry, log=log, overwrite=True)   # only an unfinished one
+            tasks.append(cell_task(run_dir.name, method, seed, plan, run_dir, version, grid_folder, data_dir))
+    if tasks:
+        run_grid(executor or LocalExecutor(), tasks, GridContext(registry, loaded, log, grid_folder))
     return cells
 
 
@@ -201,10 +202,11 @@ def ensemble_members(cells: dict[str, list[Path]], seeds: list[int], fusion: str
 def compare(registry: Registry, methods: list[str], dataset: str | None, seeds: list[int], output: Path,
             set_options: list[str] = (), config_file: Path | None = None, baseline: str | None = None,
             fmt: str = "github", ensemble: bool = False, data_dir: Path | None = None, command: str | None = None,
-            log=print, fusion: str = "sum", reading: FormatOptions | None = None) -> Path:
+            log=print, fusion: str = "sum", reading: FormatOptions | None = None,
+            executor: Executor | None = None) -> Path:
     """Run the missing cells under output/runs, optionally ensembles under output/ensembles (ensemble_members:
     each method's seeds with fusion "sum", all methods per seed with "weighted"), and write output/report.md;
-    return its path."""
+    return its path. executor: runs the missing cells (run_cells)."""
     from xmcbench.ensemble import build_ensemble, check_fusion
     from xmcbench.report import load_runs, write_report
 
@@ -216,7 +218,7 @@ def compare(registry: Registry, methods: list[str], dataset: str | None, seeds: 
         raise XmcError("--ensemble --fusion weighted fuses the compared methods seed by seed; name at least two "
                        "methods (an ensemble of one method's seeds uses --fusion sum)")
     cells = run_cells(registry, methods, dataset, seeds, list(set_options), config_file, output / "runs",
-                      data_dir, log, shared_validation=weighted, reading=reading)
+                      data_dir, log, shared_validation=weighted, reading=reading, executor=executor)
     run_dirs = [path for paths in cells.values() for path in paths]
     if ensemble:
         for name, paths in ensemble_members(cells, seeds, fusion).items():

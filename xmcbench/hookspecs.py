@@ -80,3 +80,20 @@ def xmcbench_register_loggers(registry):
     `pip install 'xmcbench[EXTRA]'` when it is missing; `extra` names that pip extra for `xmcbench plugins`
     (None: no extra needed). `xmcbench.testing.check_logger` checks a factory against this contract.
     """
+
+
+@hookspec
+def xmcbench_register_executors(registry):
+    """Register grid executors: engines a user picks with `xmcbench compare --executor NAME` to run the cells of
+    a grid (local processes, Ray, Slurm).
+
+    Call `registry.add_executor(name, factory, description, extra=None)`. `factory(options)` receives an
+    `xmcbench.executors.ExecutorOptions` (`--cell-cpus`, `--cell-gpus`, `--address`, `--partition`,
+    `--time-limit`, `--executor-option key=value`, and a shared folder for the engine's files) and returns an
+    `xmcbench.executors.Executor`: `submit(task)` starts a cell whose work is `xmcbench.executors.run_cell(task)`
+    wherever it runs (the task holds paths and settings, never the data), `wait(timeout)` returns the
+    `CellResult`s of cells that ended, `cancel()` interrupts the rest, `close()` releases the engine. Check
+    options and import the engine inside the factory, raising `xmcbench.errors.XmcError` in one line (naming
+    `pip install 'xmcbench[EXTRA]'` when the engine is missing); `extra` names that pip extra for `xmcbench
+    plugins`. `xmcbench.testing.check_executor` checks a factory against this contract.
+    """

@@ -18,8 +18,9 @@ registered through a stand-in that marks its plain callables.
 
 Environment:
     XMCBENCH_DISABLE_PLUGIN_AUTOLOAD=1   load no entry point except those named in XMCBENCH_PLUGINS (the
-                                         built-in `lightxml`, `xmcbench-datasets`, `xmcbench-formats` and
-                                         `xmcbench-loggers` plugins are entry points too).
+                                         built-in `lightxml`, `xmcbench-datasets`, `xmcbench-formats`,
+                                         `xmcbench-loggers` and `xmcbench-executors` plugins are entry
+                                         points too).
     XMCBENCH_PLUGINS=name1,name2         entry-point names to load explicitly; a name no installed package
                                          provides is reported as a failed plugin.
 """
@@ -110,6 +111,18 @@ class LoggerSpec:
     extra: str | None = None
 
 
+@dataclass(frozen=True)
+class ExecutorSpec:
+    """A grid executor a plugin registered (`Registry.add_executor`), for `xmcbench compare --executor NAME`:
+    `factory(options)` receives an `xmcbench.executors.ExecutorOptions` and returns an
+    `xmcbench.executors.Executor`; `extra` is the pip extra that installs its engine, None when it needs none."""
+
+    name: str
+    factory: Callable[..., Any]
+    description: str
+    extra: str | None = None
+
+
 class RegistrationError(XmcError):
     """A plugin registered something the registry rejects (wrong type, unknown kind, duplicate name)."""
 
@@ -135,8 +148,8 @@ def requested_plugins() -> list[str]:
 
 
 class Registry:
-    """Typed tables of components, methods, datasets, data formats and training loggers, filled by the plugins'
-    hooks."""
+    """Typed tables of components, methods, datasets, data formats, training loggers and grid executors, filled by
+    the plugins' hooks."""
 
     def __init__(self) -> None:
         self.components: dict[str, dict[str, Entry]] = {kind: {} for kind in COMPONENT_KINDS}
@@ -148,6 +161,7 @@ class Registry:
         self.datasets: dict[str, Entry] = {}
         self.formats: dict[str, Entry] = {}   # data formats (xmcbench.formats.DataFormat) by name
         self.loggers: dict[str, Entry] = {}   # training loggers (LoggerSpec) by name, for `--set loggers=...`
+        self.executors: dict[str, Entry] = {}   # grid executors (ExecutorSpec) by name, for `compare --executor`
         self.plugins: list[PluginInfo] = []
         # plugins not loaded, each with a one-line error, and names rejected (RejectedName) of loaded plugins
         self.failed: list[FailedPlugin] = []
@@ -249,18 +263,32 @@ class Registry:
         """A training logger users enable with `--set loggers=NAME`: `factory(run_dir, config)` returns an
         `xmcbench.callbacks.TrainingCallback` (see xmcbench/callbacks.py); `description` is one line for
         `xmcbench plugins`; `extra` names the pip extra providing its library, None if it needs none."""
-        self._check_name("a logger", name)
+        spec = LoggerSpec(name, factory, self._check_named_factory("logger", name, factory, description, extra), extra)
+        self._add(self.loggers, f"logger {name!r}", name, spec)
+
+    def add_executor(self, name: str, factory: Callable[..., Any], description: str,
+                     extra: str | None = None) -> None:
+        """A grid executor users choose with `xmcbench compare --executor NAME`: `factory(options)` returns an
+        `xmcbench.executors.Executor` (see xmcbench/executors.py); `description` is one line for `xmcbench
+        plugins`; `extra` names the pip extra providing its engine, None if it needs none."""
+        spec = ExecutorSpec(name, factory, self._check_named_factory("executor", name, factory, description, extra),
+                            extra)
+        self._add(self.executors, f"executor {name!r}", name, spec)
+
+    def _check_named_factory(self, what: str, name: str, factory: Any, description: Any, extra: Any) -> str:
+        """Check a registration of a named factory with a description and an optional pip extra (loggers,
+        executors); return the description on one line."""
+        self._check_name(f"a {what}", name)
         if not callable(factory):
-            raise RegistrationError(f"plugin {self._origin()} registers logger {name!r} with a factory that is "
+            raise RegistrationError(f"plugin {self._origin()} registers {what} {name!r} with a factory that is "
                                     f"not callable: {_short_repr(factory)}")
         if not isinstance(description, str) or not description.strip():
-            raise RegistrationError(f"plugin {self._origin()} registers logger {name!r} without a description "
+            raise RegistrationError(f"plugin {self._origin()} registers {what} {name!r} without a description "
                                     f"(one line of text): {_short_repr(description)}")
         if extra is not None and (not isinstance(extra, str) or not extra or extra != extra.strip()):
-            raise RegistrationError(f"plugin {self._origin()} registers logger {name!r} with extra "
+            raise RegistrationError(f"plugin {self._origin()} registers {what} {name!r} with extra "
                                     f"{_short_repr(extra)}; give the name of a pip extra, or None")
-        spec = LoggerSpec(name, factory, " ".join(description.split()), extra)
-        self._add(self.loggers, f"logger {name!r}", name, spec)
+        return " ".join(description.split())
 
     def _origin(self) -> str:
         info = self._current
@@ -379,6 +407,13 @@ class Registry:
             raise XmcError(f"unknown logger {name!r} in loggers: {closest_names_hint(name, self.loggers)} "
                            f"(`xmcbench plugins` lists them{self._missing_hint()})")
         return self.loggers[name].value.factory
+
+    def executor(self, name: str) -> ExecutorSpec:
+        """The grid executor `name` (`xmcbench compare --executor NAME`)."""
+        if name not in self.executors:
+            raise XmcError(f"unknown executor {name!r} for --executor: {closest_names_hint(name, self.executors)} "
+                           f"(`xmcbench plugins` lists them{self._missing_hint()})")
+        return self.executors[name].value
 
     # -- filling ----------------------------------------------------------------------------------
     def register_plugin(self, plugin_manager: pluggy.PluginManager, plugin: Any, name: str,

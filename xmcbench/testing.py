@@ -58,6 +58,7 @@ import functools
 import json
 import random
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -74,7 +75,8 @@ from xmcbench.tokenization import pads_left, token_ids
 
 __all__ = ["make_tiny_transformer", "tiny_config", "tiny_label_info", "check_encoder", "check_recaller",
            "check_ranker", "check_sampler", "check_component", "conformance_config", "check_method",
-           "check_whole_method", "check_logger", "pickles_in", "write_tiny_dataset", "write_tiny_label_texts"]
+           "check_whole_method", "check_logger", "check_executor", "pickles_in", "write_tiny_dataset",
+           "write_tiny_label_texts"]
 
 SEED, OTHER_SEED, CALL_SEED = 0, 12345, 7
 NUM_DOCUMENTS = 16          # N training documents a sampler's StageContext describes
@@ -1504,3 +1506,116 @@ def check_method(registry, method: str, settings: list[str] | dict = ()) -> None
                       "computed in training_state)",
                       f"{len(different)} tensors differ after resuming at step {INTERRUPT_AT_STEP}, e.g. "
                       f"{different[:3]}" if different else "the metrics differ")
+
+
+# -- grid executors -------------------------------------------------------------------------------------
+
+EXECUTOR_CHECK_SETTINGS = ("pretrained_weights=false", "num_layers=2", "hidden_size=8", "epochs=1", "max_length=32",
+                           "threads=1", "cluster_size=2", "top_clusters=2")   # a tiny LightXML: seconds per cell
+
+
+def _run_files(run_dir: Path) -> dict[str, tuple[int, int]]:
+    """(size, modification time) of every file under run_dir: whether anything wrote there."""
+    return {str(path.relative_to(run_dir)): (path.stat().st_size, path.stat().st_mtime_ns)
+            for path in sorted(run_dir.rglob("*")) if path.is_file()} if run_dir.exists() else {}
+
+
+@_isolated
+def check_executor(factory, options=None, timeout: float = 300.0) -> None:
+    """Check a grid executor's factory (`xmcbench_register_executors`; the contract is xmcbench/executors.py)
+    on a tiny grid in a temporary folder: LightXML on a tiny transformer and `write_tiny_dataset`'s data, one
+    epoch, one thread (seconds per cell).
+
+    - `factory(options)` (options: an `xmcbench.executors.ExecutorOptions`, empty by default) returns an
+      `xmcbench.executors.Executor`;
+    - two cells, one that trains and one whose run folder already holds a file that is not a run: after
+      `start` and `submit`, `wait` returns exactly one CellResult per cell, named after it, within `timeout`
+      seconds; the first is `trained`, its run folder finished, with the metrics.json and model weights of the
+      same cell run in this process; the second is `failed`, with a one-line error naming its folder;
+    - `cancel()` right after a third cell is submitted returns once no process works on it (its lock is
+      free), nothing writes its run folder afterwards, and `wait` then gives at most its result;
+    - `close()` works.
+
+    Raises AssertionError naming the executor and the broken rule. Cells run wherever the executor sends them:
+    there xmcbench must be installed and the temporary folder reachable (this machine's /tmp).
+    """
+    from xmcbench import executors, runner
+    from xmcbench.registry import build_registry
+
+    check = _Check("executor", factory)
+    with tempfile.TemporaryDirectory(prefix="xmcbench-executor-") as scratch:
+        scratch = Path(scratch)
+        model_dir = make_tiny_transformer(scratch / "model")
+        data = str(write_tiny_dataset(scratch / "data"))
+        registry = build_registry()
+        dataset = runner.open_dataset(registry, data)
+        settings = [f"model_name={model_dir}", *EXECUTOR_CHECK_SETTINGS]
+
+        def task(seed: int, folder: str) -> Any:
+            plan = runner.plan_run(registry, "lightxml", data, None, settings, seed, loaded=dataset)
+            name = f"lightxml-seed{seed}"
+            return executors.cell_task(name, "lightxml", seed, plan, scratch / folder / name, dataset.version,
+                                       scratch / f"{folder}-grid")
+
+        trains, fails, cancelled = tasks = [task(seed, "runs") for seed in range(3)]
+        fails.run_dir.mkdir(parents=True)
+        (fails.run_dir / "notes.txt").write_text("not a run\n")
+        with check.rule("factory(options) must work"):
+            executor = factory(options if options is not None else executors.ExecutorOptions())
+        check.require(isinstance(executor, executors.Executor), "factory(options) must return an "
+                      "xmcbench.executors.Executor", f"it returned {_short(executor)}")
+        context = executors.GridContext(registry, dataset, lambda line: None, scratch / "runs-grid")
+        try:
+            with check.rule("start(context) and submit(task) must work"):
+                executor.start(context)
+                executor.submit(trains)
+                executor.submit(fails)
+            results: dict[str, Any] = {}
+            deadline = time.monotonic() + timeout
+            while len(results) < 2 and time.monotonic() < deadline:
+                with check.rule("wait(timeout) must work"):
+                    found = executor.wait(1.0)
+                for result in found:
+                    check.require(isinstance(result, executors.CellResult), "wait must return CellResults",
+                                  _short(result))
+                    check.require(result.name in (trains.name, fails.name) and result.name not in results,
+                                  "each submitted cell must end in exactly one result",
+                                  f"{result.name!r} came {'twice' if result.name in results else 'unasked'}")
+                    results[result.name] = result
+            check.require(len(results) == 2, f"every cell must end within {timeout:g} s",
+                          f"no result for {', '.join(c.name for c in (trains, fails) if c.name not in results)}")
+            failed = results[fails.name]
+            check.require(failed.status == executors.FAILED and failed.error and "\n" not in failed.error
+                          and str(fails.run_dir) in failed.error,
+                          "a cell whose run folder is taken must fail with a one-line error naming it",
+                          f"status {failed.status!r}, error {failed.error!r}")
+            trained = results[trains.name]
+            check.require(trained.status == executors.TRAINED and runner.is_finished(trains.run_dir),
+                          "a cell must train to a finished run folder",
+                          f"{trains.name}: status {trained.status!r}, error {trained.error!r}")
+            reference = task(trains.seed, "reference")
+            here = executors.run_cell(reference, dataclasses.replace(context, folder=scratch / "reference-grid"))
+            assert here.status == executors.TRAINED, f"the reference run in this process failed: {here.error}"
+            for file in ("metrics.json", "model/weights.safetensors"):
+                check.require((trains.run_dir / file).read_bytes() == (reference.run_dir / file).read_bytes(),
+                              "a cell must give the results it gives in this process (same seed)",
+                              f"{trains.name}: {file} differs")
+
+            with check.rule("submit(task) then cancel() must work"):
+                executor.submit(cancelled)
+                executor.cancel()
+            check.require(not executors.cell_is_running(cancelled.lock),
+                          "cancel() must return once no process works on the cell any more",
+                          f"{cancelled.name}'s lock is still held")
+            files = _run_files(cancelled.run_dir)
+            time.sleep(1.0)
+            check.require(_run_files(cancelled.run_dir) == files, "a cancelled cell must not start later",
+                          f"{cancelled.run_dir} was written after cancel() returned")
+            with check.rule("wait(timeout) after cancel() must work"):
+                late = executor.wait(0.0)
+            check.require(all(result.name == cancelled.name for result in late) and len(late) <= 1,
+                          "after cancel(), wait gives at most the cancelled cell's result",
+                          ", ".join(result.name for result in late))
+        finally:
+            with check.rule("close() must work"):
+                executor.close()
