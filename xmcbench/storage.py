@@ -40,9 +40,14 @@ _OS_ERROR_CODE = re.compile(r"\(os error (\d+)\)")
 def write_errors_as_os_errors(path: Path):
     """Inside the block, a library's report of a failed write (safetensors' SafetensorError "... No space
     left on device (os error 28)") is raised as the OSError it stands for, about `path`, so that it ends in
-    the one line every OSError gets (a full disk, a read-only folder); other errors pass as they are."""
+    the one line every OSError gets (a full disk, a read-only folder); an OSError that names no file (a
+    write() on an open file) gets `path`; other errors pass as they are."""
     try:
         yield
+    except OSError as error:
+        if error.filename is not None or error.errno is None:
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from error
     except Exception as error:
         match = _OS_ERROR_CODE.search(str(error)) if type(error).__name__ == "SafetensorError" else None
         if match is None:
