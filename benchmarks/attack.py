@@ -2,6 +2,12 @@
 
     python benchmarks/attack.py                      # the installed xmcbench
     python benchmarks/attack.py --code OLD_CHECKOUT  # another checkout (its xmcbench/ and plugins/ first on the path)
+    python benchmarks/attack.py --only "issue 27"    # the cases whose name holds this text
+
+The cases named "issue 27: N ..." are the 18 cases of that issue (a run folder that steers writes outside
+itself, hostile names in reports, a model folder with files it does not list, a full disk, saved predictions
+damaged after they were written, trackers that do not answer, ...); case 1 has two ways in (MLflow, TensorBoard).
+A full disk is a file size limit (RLIMIT_FSIZE) on the command: its writes beyond it fail as on a full disk.
 
 Every case runs the `xmcbench` command line in a fresh process, on tiny models and datasets built here, and is
 classified as one of:
@@ -18,15 +24,22 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
+import html.parser
 import json
 import os
+import resource
 import shutil
+import socket
 import stat
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
+
+import numpy as np
 
 from xmcbench.testing import make_tiny_transformer, write_tiny_dataset
 
@@ -42,17 +55,45 @@ class Attack:
     def __init__(self, code: Path | None, work: Path):
         self.work = work
         self.env = dict(os.environ, XMCBENCH_CACHE=str(work / "cache"), XMCBENCH_PROGRESS_SECONDS="3600")
-        if code is not None:
-            self.env["PYTHONPATH"] = os.pathsep.join([str(code), str(code / "plugins")])
+        if code is not None:   # the core, the built-in plugins and the plugin packages (cascade, ...) of that checkout
+            packages = sorted(str(folder) for folder in (code / "plugins").glob("xmcbench-*") if folder.is_dir())
+            self.env["PYTHONPATH"] = os.pathsep.join([str(code), str(code / "plugins"), *packages])
         self.model = make_tiny_transformer(work / "tiny-bert")
         self.dataset = write_tiny_dataset(work / "tiny-topics")
         self.finished = self.train(work / "finished", "keep_checkpoint=true")
 
-    def xmcbench(self, *args: str, stdin: bytes = b"", env: dict | None = None, cwd: Path | None = None):
+    def xmcbench(self, *args: str, stdin: bytes = b"", env: dict | None = None, cwd: Path | None = None,
+                 file_size_limit: int | None = None, timeout: float | None = None):
+        """The command in a fresh process. file_size_limit: writes beyond this many bytes per file fail, as on a
+        full disk (RLIMIT_FSIZE; Python ignores the signal it sends, so a write fails with EFBIG)."""
+        def limit() -> None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, resource.RLIM_INFINITY))
+
         # run from the work folder: `python -m` puts the current folder first on the path, which would pick
         # a checkout's xmcbench/ over --code's
         return subprocess.run([sys.executable, "-m", "xmcbench", *args], input=stdin, capture_output=True,
-                              env=env or self.env, cwd=cwd or self.work)
+                              env=env or self.env, cwd=cwd or self.work, timeout=timeout,
+                              preexec_fn=limit if file_size_limit is not None else None)
+
+    def python(self, code: str, *args: str) -> subprocess.CompletedProcess:
+        """A Python snippet in a fresh process with the attacked code first on the path."""
+        return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, env=self.env,
+                              cwd=self.work, text=True)
+
+    @functools.cached_property
+    def second(self) -> Path:
+        """A second finished run (another seed), for ensembles."""
+        return self.train(self.work / "second", "seed=1")
+
+    @functools.cached_property
+    def validated(self) -> Path:
+        """A finished run with a validation split (validation_predictions.safetensors), for weighted ensembles."""
+        return self.train(self.work / "validated", "validation_size=8")
+
+    @functools.cached_property
+    def other_dataset(self) -> Path:
+        """A finished run on a second dataset, for reports over several datasets."""
+        return self.train(self.work / "other-dataset", dataset=write_tiny_dataset(self.work / "tiny-other", seed=1))
 
     def run_args(self, output: Path, *settings: str, dataset: str | None = None) -> list[str]:
         args = ["run", "lightxml", "--dataset", dataset or str(self.dataset), "--output", str(output),
@@ -61,14 +102,14 @@ class Attack:
             args += ["--set", setting]
         return args
 
-    def train(self, output: Path, *settings: str) -> Path:
-        done = self.xmcbench(*self.run_args(output, *settings))
+    def train(self, output: Path, *settings: str, dataset: Path | None = None) -> Path:
+        done = self.xmcbench(*self.run_args(output, *settings, dataset=str(dataset) if dataset else None))
         if done.returncode != 0:
             raise SystemExit(f"cannot train the tiny run: {done.stderr.decode()[-2000:]}")
         return output
 
-    def copy(self, name: str) -> Path:
-        return Path(shutil.copytree(self.finished, self.work / name, symlinks=True))
+    def copy(self, name: str, run: Path | None = None) -> Path:
+        return Path(shutil.copytree(run or self.finished, self.work / name, symlinks=True))
 
 
 def verdict(result, expect: str = "clear") -> str:
@@ -82,6 +123,49 @@ def verdict(result, expect: str = "clear") -> str:
     if result.returncode == 0:
         return "ok" if expect == "ok" else "silent"
     return "traceback" if result.returncode not in (0, 2) else "silent"
+
+
+# how long a run with an MLflow server that never answers may take before it counts as hanging
+MLFLOW_WAIT = 150
+
+
+class _Elements(html.parser.HTMLParser):
+    """The tags of rendered HTML (tag -> their href or src, "" for others) and the text of its table cells."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: dict[str, list[str]] = {}
+        self.cells: list[str] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        values = dict(attrs)
+        self.tags.setdefault(tag, []).append(values.get("href") or values.get("src") or "")
+        if tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.cells.append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def render_markdown(text: str):
+    """Markdown as GitHub renders reports (CommonMark with tables and raw HTML, every link kept, so that one a
+    name slipped in shows) -> (the text of every table cell, the tags found), or None without markdown-it-py."""
+    try:
+        from markdown_it import MarkdownIt
+    except ImportError:
+        return None
+    renderer = MarkdownIt("commonmark", {"html": True}).enable("table")
+    renderer.validateLink = lambda url: True
+    elements = _Elements()
+    elements.feed(renderer.render(text))
+    return elements.cells, elements.tags
 
 
 def snapshot(folder: Path) -> dict:
@@ -358,24 +442,298 @@ def cases(attack: Attack):
     yield "a model trained with device=cuda used on a CPU", trained_on_cuda
     yield "model files readable by another user (umask)", shareable
 
+    # -- issue 27 ("Reliability, third pass"): its 18 cases, in its order ---------------------------------
+
+    def worst(outcomes) -> str:
+        """The worst of several tries of one case."""
+        order = ("security", "data-loss", "traceback", "silent", "clear", "ok")
+        return min(outcomes, key=order.index)
+
+    def resumable(name: str, **settings) -> Path:
+        """A copy of the finished run (its last checkpoint kept) made unfinished, with settings changed in its
+        config.json, so that `run --resume` trains one more epoch."""
+        run = attack.copy(name)
+        (run / "metrics.json").unlink()
+        config = json.loads((run / "config.json").read_text())
+        config["config"].update(epochs=2, **settings)
+        (run / "config.json").write_text(json.dumps(config))
+        return run
+
+    def without_mlflow_settings() -> dict:
+        return {key: value for key, value in attack.env.items() if not key.startswith("MLFLOW_")}
+
+    def resume_with_foreign_mlflow_store():
+        elsewhere = work / "mlflow-store-elsewhere"
+        run = resumable("mlflow-foreign", loggers=["mlflow"])
+        (run / "mlflow_run.json").write_text(json.dumps({"tracking_uri": elsewhere.as_uri(),
+                                                         "experiment": "xmcbench"}))
+        result = attack.xmcbench("run", "--resume", str(run), env=without_mlflow_settings())
+        return "security" if elsewhere.exists() else verdict(result, "ok")
+
+    def resume_with_linked_tensorboard():
+        elsewhere = work / "tensorboard-elsewhere"
+        elsewhere.mkdir()
+        run = resumable("tensorboard-link", loggers=["tensorboard"])
+        (run / "tensorboard").symlink_to(elsewhere, target_is_directory=True)
+        result = attack.xmcbench("run", "--resume", str(run))
+        return "security" if any(elsewhere.iterdir()) else verdict(result)
+
+    hostile_method = '<img src=x onerror="alert(1)"> <iframe src="javascript:alert(2)"></iframe> | cell'
+    hostile_dataset = "[click](javascript:alert(3))\n# a heading of its own | x"
+
+    def report_with_hostile_names():
+        run = attack.copy("hostile-names")
+        config = json.loads((run / "config.json").read_text())
+        config.update(method=hostile_method, dataset_name=hostile_dataset)
+        config["config"]["model_name"] = "<script>alert(4)</script>"
+        (run / "config.json").write_text(json.dumps(config))
+        metrics = json.loads((run / "metrics.json").read_text())
+        metrics["dataset"] = hostile_dataset
+        (run / "metrics.json").write_text(json.dumps(metrics))
+        result = attack.xmcbench("report", str(run), "--output", str(work / "hostile-report"))
+        if result.returncode != 0:
+            return verdict(result)
+        rendered = render_markdown((work / "hostile-report" / "report.md").read_text())
+        if rendered is None:
+            raise RuntimeError("markdown-it-py is needed to render the report (pip install markdown-it-py)")
+        cells, tags = rendered
+        own_figures = {"loss_curves.png", "precision.png", "frequency_bins.png"}
+        injected = bool({"iframe", "script"} & set(tags)) or not set(tags.get("img", [])) <= own_figures \
+            or len(tags.get("h1", [])) > 1 or any(href.startswith("javascript:") for href in tags.get("a", [])) \
+            or hostile_method not in cells
+        return "security" if injected else "ok"
+
+    def unlisted_file_in_model():
+        run = attack.copy("unlisted-file")
+        (run / "model" / "encoder" / "special_tokens_map.json").write_text(json.dumps({"cls_token": "[SEP]"}))
+        result = attack.xmcbench("predict", str(run), stdin=b"alpha\n")
+        return "security" if result.returncode == 0 else verdict(result)
+
+    def ensemble_overwritten_on_a_full_disk():
+        output = work / "ensemble-full-disk"
+        built = attack.xmcbench("ensemble", str(attack.finished), str(attack.second), "--output", str(output))
+        if built.returncode != 0:
+            raise RuntimeError(f"cannot build the ensemble: {built.stderr.decode()[-500:]}")
+        before = snapshot(output)
+        # the same ensemble again: its largest file (written last) no longer fits
+        result = attack.xmcbench("ensemble", str(attack.finished), str(attack.second), "--output", str(output),
+                                 "--overwrite", file_size_limit=max(len(data) for data in before.values()) - 1)
+        if snapshot(output) != before:
+            return "data-loss"
+        return verdict(result)
+
+    def report_over_two_datasets():
+        output = work / "report-two-datasets"
+        result = attack.xmcbench("report", str(attack.finished), str(attack.other_dataset), "--output", str(output))
+        if verdict(result, "ok") != "ok":
+            return verdict(result, "ok")
+        text = (output / "report.md").read_text()
+        return "ok" if "### tiny-topics" in text and "### tiny-other" in text else "silent"
+
+    def evaluate_inconsistent_csr():
+        import scipy.sparse as sp
+
+        matrix = sp.load_npz(attack.finished / "predictions.npz").tocsr()
+        indptr = matrix.indptr.copy()
+        indptr[1] = indptr[-1] + 7   # row 0 claims more entries than the matrix holds
+        path = work / "inconsistent.npz"
+        np.savez(path, data=matrix.data, indices=matrix.indices, indptr=indptr, format=np.array(b"csr"),
+                 shape=np.array(matrix.shape))
+        return verdict(attack.xmcbench("evaluate", "--predictions", str(path), "--dataset", str(attack.dataset)))
+
+    def rescore_unreadable_predictions():
+        run = attack.copy("rescore-unreadable")
+        (run / "predictions.safetensors").write_bytes(b"\x00\x01 not safetensors \xff" * 20)
+        before = snapshot(run)
+        result = attack.xmcbench("rescore", str(run))
+        return "data-loss" if snapshot(run) != before else verdict(result)
+
+    def convert_pecos_with_nan():
+        import scipy.sparse as sp
+
+        folder = work / "pecos-nan"
+        folder.mkdir()
+        labels = sp.csr_matrix(np.eye(4, 3, dtype=np.float32))
+        features = sp.csr_matrix(np.array([[1.0, 0.0], [np.nan, 2.0], [0.5, 0.5], [0.0, 1.0]], dtype=np.float32))
+        for short in ("trn", "tst"):
+            sp.save_npz(folder / f"Y.{short}.npz", labels)
+            sp.save_npz(folder / f"X.{short}.npz", features)
+        output = work / "pecos-nan-converted"
+        result = attack.xmcbench("convert", str(folder), str(output), "--to", "xc_sparse")
+        if result.returncode == 0:
+            return "silent"
+        return verdict(result) if not output.exists() or verdict(result) != "clear" else "silent"
+
+    def run_on_a_full_disk():
+        weights = (attack.finished / "model" / "weights.safetensors").stat().st_size
+        result = attack.xmcbench(*attack.run_args(work / "full-disk-run"), file_size_limit=weights // 2)
+        return verdict(result)
+
+    def predictor_with_wrong_types():
+        probe = textwrap.dedent("""
+            import sys, xmcbench
+            from xmcbench.errors import XmcError
+            predictor = xmcbench.load(sys.argv[1])
+            for arguments in ({"top_k": 2.5}, {"top_k": "3"}, {"top_k": True}, {"threshold": "0.5"}):
+                try:
+                    predictor.predict(["alpha"], **arguments)
+                    print("silent")
+                except XmcError as error:
+                    print("clear" if "\\n" not in str(error) else "traceback")
+                except Exception:
+                    print("traceback")
+            """)
+        result = attack.python(probe, attack.finished)
+        outcomes = result.stdout.split()
+        return worst(outcomes) if len(outcomes) == 4 else "traceback"
+
+    def corrupt_predictions(run: Path, name: str, change) -> None:
+        from safetensors.numpy import load_file, save_file
+
+        arrays = load_file(str(run / name))
+        change(arrays["labels"], arrays["scores"])
+        save_file(arrays, str(run / name))
+
+    corruptions = {
+        "label 999": lambda labels, scores: labels.__setitem__((0, 0), 999),
+        "label -5": lambda labels, scores: labels.__setitem__((0, 0), -5),
+        "a NaN score": lambda labels, scores: scores.__setitem__((0, 0), np.nan),
+        "a repeated label": lambda labels, scores: labels.__setitem__((0, 1), labels[0, 0]),
+    }
+
+    def damaged_member_predictions():
+        outcomes = []
+        for what, change in corruptions.items():
+            member = attack.copy(f"damaged-{what.replace(' ', '-')}", attack.second)
+            corrupt_predictions(member, "predictions.safetensors", change)
+            outcomes.append(verdict(attack.xmcbench("ensemble", str(attack.finished), str(member), "--output",
+                                                    str(work / f"ensemble-{member.name}"))))
+        run = attack.copy("rescore-repeated")
+        corrupt_predictions(run, "predictions.safetensors", corruptions["a repeated label"])
+        before = (run / "metrics.json").read_bytes()
+        result = attack.xmcbench("rescore", str(run))
+        outcomes.append("silent" if result.returncode == 0 and (run / "metrics.json").read_bytes() != before
+                        else verdict(result))
+        return worst(outcomes)
+
+    def weighted_fusion_on_repeated_validation_labels():
+        member = attack.copy("validated-repeated", attack.validated)
+        corrupt_predictions(member, "validation_predictions.safetensors",
+                            lambda labels, scores: labels.__setitem__((slice(None), slice(1, None)), labels[:, :1]))
+        return verdict(attack.xmcbench("ensemble", str(attack.validated), str(member), "--fusion", "weighted",
+                                       "--output", str(work / "weighted-repeated")))
+
+    def predict_threshold_nan():
+        result = attack.xmcbench("predict", str(attack.finished), "--threshold", "nan", stdin=b"alpha\nbeta\n")
+        return verdict(result)
+
+    def cascade_cluster_size_set():
+        from xmcbench.clustering import num_clusters_for
+
+        result = attack.xmcbench("config", "cascade", "--dataset", str(attack.dataset), "--set",
+                                 f"model_name={attack.model}", "--set", "cluster_size=2")
+        if result.returncode != 0:
+            return verdict(result, "ok")
+        config = json.loads(result.stdout)
+        labels = len(set((attack.dataset / "train_labels.txt").read_text().split()))
+        leaves = config["num_clusters"] or num_clusters_for(labels, config["cluster_size"])
+        return "ok" if leaves == num_clusters_for(labels, 2) else "silent"
+
+    def mlflow_server_that_does_not_answer():
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen(64)   # connections are accepted by the system, and never answered
+        env = dict(without_mlflow_settings(), MLFLOW_TRACKING_URI=f"http://127.0.0.1:{server.getsockname()[1]}")
+        output = work / "mlflow-no-answer"
+        try:
+            result = attack.xmcbench(*attack.run_args(output, "loggers=mlflow"), env=env, timeout=MLFLOW_WAIT)
+        except subprocess.TimeoutExpired:
+            return "silent"   # still waiting: training is held up without a word
+        finally:
+            server.close()
+        if result.returncode == 0:
+            said = b"mlflow" in result.stderr
+            return "ok" if said and (output / "metrics.json").is_file() else "silent"
+        return verdict(result)
+
+    def latin1_csv_counted():
+        folder = work / "csv-latin1"
+        folder.mkdir()
+        (folder / "train.csv").write_bytes(b"text,labels\ncaf\xe9 au lait,a|b\nplain text,b\ncr\xe8me,c\n")
+        (folder / "test.csv").write_bytes(b"text,labels\nna\xefve,a\nplain,b\n")
+        probe = textwrap.dedent("""
+            import json, sys
+            from xmcbench.registry import build_registry
+            from xmcbench.runner import open_dataset
+            print(json.dumps(open_dataset(build_registry(), sys.argv[1]).report))
+            """)
+        result = attack.python(probe, folder)
+        if result.returncode != 0:
+            return "traceback" if "Traceback" in result.stderr else "clear"
+        return "ok" if json.loads(result.stdout).get("non_utf8_lines") == 3 else "silent"
+
+    def jsonl_label_cells_that_name_no_label():
+        folder = work / "jsonl-objects"
+        folder.mkdir()
+        rows = [{"text": "alpha beta", "labels": {"a": 1, "b": 2}}, {"text": "gamma", "labels": [["a", "b"], "c"]},
+                {"text": "delta", "labels": ["c"]}]
+        for name in ("train.jsonl", "test.jsonl"):
+            (folder / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return verdict(attack.xmcbench("config", "lightxml", "--dataset", str(folder), "--set",
+                                       f"model_name={attack.model}"))
+
+    def evaluate_with_foreign_label_names():
+        import scipy.sparse as sp
+
+        columns = sp.load_npz(attack.finished / "predictions.npz").shape[1]
+        names = work / "foreign-labels.json"
+        names.write_text(json.dumps([f"not-a-label-{i}" for i in range(columns)]))
+        return verdict(attack.xmcbench("evaluate", "--predictions", str(attack.finished / "predictions.npz"),
+                                       "--dataset", str(attack.dataset), "--labels", str(names)))
+
+    yield "issue 27: 1 resume: mlflow_run.json names a store elsewhere", resume_with_foreign_mlflow_store
+    yield "issue 27: 1 resume: tensorboard/ links elsewhere", resume_with_linked_tensorboard
+    yield "issue 27: 2 report of hostile method, dataset, model_name", report_with_hostile_names
+    yield "issue 27: 3 a file model.json does not list in model/", unlisted_file_in_model
+    yield "issue 27: 4 ensemble --overwrite on a full disk", ensemble_overwritten_on_a_full_disk
+    yield "issue 27: 5 report over runs of two datasets", report_over_two_datasets
+    yield "issue 27: 6 evaluate --predictions, inconsistent indptr", evaluate_inconsistent_csr
+    yield "issue 27: 7 rescore, unreadable predictions.safetensors", rescore_unreadable_predictions
+    yield "issue 27: 8 convert a PECOS folder with NaN features", convert_pecos_with_nan
+    yield "issue 27: 9 a run on a full disk", run_on_a_full_disk
+    yield "issue 27: 10 Predictor.predict(top_k=2.5|'3'|True, threshold='0.5')", predictor_with_wrong_types
+    yield "issue 27: 11 saved predictions 999/-5/NaN/repeated (ensemble, rescore)", damaged_member_predictions
+    yield "issue 27: 12 weighted fusion, validation labels repeated", weighted_fusion_on_repeated_validation_labels
+    yield "issue 27: 13 predict --threshold nan", predict_threshold_nan
+    yield "issue 27: 14 config cascade --set cluster_size=2", cascade_cluster_size_set
+    yield "issue 27: 15 MLFLOW_TRACKING_URI at a port that never answers", mlflow_server_that_does_not_answer
+    yield "issue 27: 16 Latin-1 bytes in a CSV are counted", latin1_csv_counted
+    yield "issue 27: 17 JSONL label cells holding an object or a list", jsonl_label_cells_that_name_no_label
+    yield "issue 27: 18 evaluate --labels naming none of the labels", evaluate_with_foreign_label_names
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--code", type=Path, help="a checkout whose xmcbench/ and plugins/ to attack")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument("--only", help="run only the cases whose name holds this text, e.g. 'issue 27'")
     args = parser.parse_args()
+    started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="xmcbench-attack-"))
     try:
         attack = Attack(args.code.resolve() if args.code else None, work)
         counts = collections.Counter()
         for name, case in cases(attack):
+            if args.only and args.only not in name:
+                continue
             try:
                 outcome = case()
             except Exception as error:   # the harness itself, not xmcbench: shown, not counted as a class
                 outcome = f"harness error {type(error).__name__}: {error}"
             counts[outcome if not outcome.startswith("harness") else "harness error"] += 1
             print(f"{outcome:10s}  {name}", flush=True)
-        print(f"{sum(counts.values())} cases: " + ", ".join(f"{n} {kind}" for kind, n in counts.most_common()))
+        print(f"{sum(counts.values())} cases: " + ", ".join(f"{n} {kind}" for kind, n in counts.most_common())
+              + f" ({time.perf_counter() - started:.0f} s)")
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -712,6 +712,406 @@ def test_a_model_trained_elsewhere_loads_here_and_can_be_shared(run_copy):
         assert mode & 0o044 == 0o644 & ~mask & 0o044, (path, oct(mode))
 
 
+# ---------------------------------------------------------------------------------------- saved files reused, run
+# folders received from others, reports, full disks (the third reliability pass)
+
+
+def _copy(source: Path, destination: Path) -> Path:
+    import shutil
+    return Path(shutil.copytree(source, destination))
+
+
+def _dataset_of(run: Path) -> str:
+    return json.loads((run / "config.json").read_text())["dataset"]
+
+
+def _with_file_size_limit(limit: int, *args: str) -> subprocess.CompletedProcess:
+    """An xmcbench command whose writes beyond `limit` bytes per file fail, as on a full disk (RLIMIT_FSIZE)."""
+    import resource
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+    return subprocess.run([sys.executable, "-m", "xmcbench", *args], capture_output=True, text=True,
+                          preexec_fn=limited)
+
+
+def _rewrite(path: Path, change) -> None:
+    """Change the arrays of a safetensors file in place, as an edit after the run would."""
+    from safetensors.numpy import load_file, save_file
+
+    arrays = load_file(str(path))
+    change(arrays)
+    save_file(arrays, str(path))
+
+
+def test_a_run_folder_that_steers_writes_outside_itself(run_copy, tmp_path, monkeypatch, capsys):
+    import types
+
+    from xmcbench.config import TrainConfig
+    from xmcbench.rundir import run_path
+
+    # a received run whose tensorboard/ links elsewhere: resuming it is refused before anything is written
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (run_copy / "metrics.json").unlink()
+    config = json.loads((run_copy / "config.json").read_text())
+    config["config"]["loggers"] = ["tensorboard"]
+    (run_copy / "config.json").write_text(json.dumps(config))
+    (run_copy / "tensorboard").symlink_to(elsewhere, target_is_directory=True)
+    refused = xmcbench("run", "--resume", str(run_copy))
+    assert_one_line_error(refused, f"{run_copy / 'tensorboard'} is a symbolic link", "a run folder may hold no links",
+                          progress_lines=len(refused.stderr.splitlines()) - 1)
+    assert not any(elsewhere.iterdir())
+    with pytest.raises(XmcError, match="is a symbolic link"):
+        run_path(run_copy, "tensorboard", "events")
+    with pytest.raises(XmcError, match="not a path inside the run folder"):
+        run_path(run_copy, "../outside")
+
+    # a received run whose mlflow_run.json names another store: the run's own store is used, and it says so
+    from xmcbench_loggers import mlflow_log
+
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    foreign = tmp_path / "foreign-store"
+    received = tmp_path / "received"
+    received.mkdir()
+    (received / "mlflow_run.json").write_text(json.dumps({"tracking_uri": foreign.as_uri(), "run_id": "0" * 32}))
+    logger = mlflow_log.build(received, TrainConfig())
+    logger.on_train_begin(types.SimpleNamespace(step=0))
+    assert not foreign.exists() and logger.run_id is not None and not logger.failed
+    assert logger.tracking_uri == mlflow_log._local_tracking_uri(received)
+    assert "does not choose where its metrics go" in capsys.readouterr().err
+
+
+HOSTILE_METHOD = '<img src=x onerror="alert(1)"> <iframe src="javascript:alert(2)"></iframe> | x $\\oops$ `a`'
+HOSTILE_DATASET = "[click](javascript:alert(3))\n# a heading of its own | x"
+HOSTILE_MODEL = "<script>alert(4)</script>\r\n<b>bold</b>"
+
+
+def _rendered(markdown: str) -> tuple[str, str, list[list[str]]]:
+    """A report as GitHub renders it (CommonMark with tables and raw HTML, every link kept, so that a link a
+    name slipped in shows): the HTML, its text, and the text of the cells of each table row."""
+    import html
+    import re
+    from markdown_it import MarkdownIt
+
+    renderer = MarkdownIt("commonmark", {"html": True}).enable("table")
+    renderer.validateLink = lambda url: True
+    page = renderer.render(markdown)
+    text = html.unescape(re.sub(r"<[^>]+>", "", page))
+    rows = [[html.unescape(re.sub(r"<[^>]+>", "", cell)) for cell in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row, re.S)]
+            for row in re.findall(r"<tr>(.*?)</tr>", page, re.S)]
+    return page, text, rows
+
+
+def test_report_names_from_run_folders_are_escaped(tmp_path):
+    import re
+
+    from xmcbench import report
+
+    results = _copy(REPO / "tests" / "fixtures" / "report" / "results", tmp_path / "results")
+    for seed in range(3):
+        run = results / "lightxml-static" / f"seed{seed}"
+        config = json.loads((run / "config.json").read_text())
+        config.update(method=HOSTILE_METHOD, dataset_name=HOSTILE_DATASET)
+        config["config"]["model_name"] = HOSTILE_MODEL
+        (run / "config.json").write_text(json.dumps(config))
+    runs = report.load_runs([results], log=lambda line: None)
+    page, text, rows = _rendered(report.write_report(runs, tmp_path / "report", baseline="lightxml").read_text())
+    assert not re.search(r"<(iframe|script|b)\b", page) and "javascript:" not in " ".join(
+        re.findall(r'href="[^"]*"', page))
+    assert set(re.findall(r'<img src="([^"]*)"', page)) == {"loss_curves.png", "precision.png"}   # its figures only
+    assert page.count("<h1>") == 1   # the report's own title: no heading from a name
+    assert any(row[0] == HOSTILE_METHOD for row in rows)   # one cell, shown as it is: the | split nothing
+    assert "[click](javascript:alert(3)) # a heading of its own | x" in text   # shown, line break as a space
+    assert "<script>alert(4)</script> <b>bold</b>" in text
+    for name in ("loss_curves.png", "precision.png"):   # `$\oops$` drawn as text, not read as a formula
+        assert (tmp_path / "report" / name).stat().st_size > 0
+    latex = report.write_report(runs, tmp_path / "latex", fmt="latex").parent / "table.tex"
+    assert not any(line.startswith(("# a heading", "<b>")) for line in latex.read_text().splitlines())
+    rows_json = json.loads(report.render_table(report.summarize(runs), "json"))["rows"]
+    assert any(row["method"] == HOSTILE_METHOD for row in rows_json)
+
+
+def test_a_model_folder_holds_exactly_the_files_it_lists(run_copy):
+    from xmcbench.modelio import load_model_dir
+    from xmcbench.registry import build_registry
+
+    added = run_copy / "model" / "encoder" / "special_tokens_map.json"
+    added.write_text(json.dumps({"cls_token": "[SEP]"}))   # would change every prediction; no checksum covers it
+    with pytest.raises(XmcError) as error:
+        load_model_dir(run_copy, build_registry())
+    assert f"{added} is not one of the files model.json lists" in one_line(error)
+    refused = subprocess.run([sys.executable, "-m", "xmcbench", "predict", str(run_copy)], input="alpha\n",
+                             capture_output=True, text=True)
+    assert_one_line_error(refused, "special_tokens_map.json", "not one of the files model.json lists")
+
+
+def test_an_ensemble_or_a_conversion_that_fails_midway_keeps_what_was_there(finished_run, tmp_path, monkeypatch):
+    member = _copy(finished_run, tmp_path / "member")
+    output = tmp_path / "ensemble"
+    built = xmcbench("ensemble", str(finished_run), str(member), "--output", str(output))
+    assert built.returncode == 0, built.stderr
+    before = snapshot(output)
+    # the same ensemble again, on a disk that cannot hold its largest file (metrics.json, written last)
+    full = _with_file_size_limit(max(len(content) for content in before.values()) - 1, "ensemble",
+                                 str(finished_run), str(member), "--output", str(output), "--overwrite")
+    assert_one_line_error(full, "File too large", progress_lines=len(full.stderr.splitlines()) - 1)
+    assert snapshot(output) == before and not list(tmp_path.glob(".ensemble.xmcbench-*"))
+
+    # convert: a format's writer that fails on its third file leaves no half-written dataset
+    import xmcbench_formats.raw_text as raw_text
+    from xmcbench.formats import write_dataset
+    from xmcbench.registry import build_registry
+
+    written = []
+    real_write = raw_text.atomic_write
+
+    def third_fails(path, write):
+        written.append(path)
+        if len(written) == 3:
+            raise OSError(28, "No space left on device", str(path))
+        real_write(path, write)
+
+    monkeypatch.setattr(raw_text, "atomic_write", third_fails)
+    dataset = load_dataset_from_path(write(tmp_path / "d"))
+    with pytest.raises(OSError):
+        write_dataset(build_registry(), dataset, tmp_path / "converted", "raw_text")
+    assert not (tmp_path / "converted").exists() and not list(tmp_path.glob(".converted.xmcbench-*"))
+
+
+def test_a_report_over_runs_of_two_datasets(finished_run, tmp_path):
+    from xmcbench import report
+
+    other = _copy(finished_run, tmp_path / "other")
+    for name, key in (("config.json", "dataset_name"), ("metrics.json", "dataset")):
+        recorded = json.loads((other / name).read_text())
+        recorded[key] = "other-topics"
+        (other / name).write_text(json.dumps(recorded))
+    runs = report.load_runs([finished_run, other], log=lambda line: None)
+    assert all(run.frequency_bins for run in runs)
+    text = report.write_report(runs, tmp_path / "report").read_text()
+    first = json.loads((finished_run / "config.json").read_text())["dataset_name"]
+    for dataset in (first, "other-topics"):
+        assert text.count(f"### {dataset}") == 2   # its results, and its head and tail
+    assert (tmp_path / "report" / "frequency_bins.png").stat().st_size > 0
+
+
+def test_a_score_matrix_whose_structure_is_inconsistent(finished_run, tmp_path):
+    from xmcbench import runner
+
+    matrix = sp.load_npz(finished_run / "predictions.npz").tocsr()
+    indptr = matrix.indptr.copy()
+    indptr[1] = indptr[-1] + 7   # row 0 claims more entries than the matrix holds
+    path = tmp_path / "scores.npz"
+    np.savez(path, data=matrix.data, indices=matrix.indices, indptr=indptr, format=np.array(b"csr"),
+             shape=np.array(matrix.shape))
+    with pytest.raises(XmcError) as error:
+        runner.evaluate_predictions(path, _dataset_of(finished_run))
+    assert one_line(error).startswith(f"{path} is not a consistent sparse matrix (")
+    assert_one_line_error(xmcbench("evaluate", "--predictions", str(path), "--dataset", _dataset_of(finished_run)),
+                          "is not a consistent sparse matrix")
+
+
+def _set(array_name: str, index, value):
+    def change(arrays):
+        arrays[array_name][index] = value
+    return change
+
+
+DAMAGE = {   # what a member's saved test predictions may hold after an edit, and the line that refuses it
+    "label 999": (_set("labels", (0, 0), 999), "row 0 holds label id 999, outside the"),
+    "label -5": (_set("labels", (0, 0), -5), "row 0 holds label id -5"),
+    "a NaN score": (_set("scores", (0, 0), np.nan), "row 0 has a score that is not a finite number"),
+    "a repeated label": (lambda arrays: arrays["labels"].__setitem__((0, 1), arrays["labels"][0, 0]), "twice"),
+    "unsorted scores": (_set("scores", (0, 1), 5.0), "not in descending order"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_saved_predictions_damaged_after_they_were_written(finished_run, tmp_path, damage):
+    from xmcbench import ensemble, report, runner
+
+    change, fragment = DAMAGE[damage]
+    member = _copy(finished_run, tmp_path / "member")
+    _rewrite(member / "predictions.safetensors", change)
+    with pytest.raises(XmcError) as error:   # an ensemble member's
+        ensemble.build_ensemble([finished_run, member], tmp_path / "ensemble", log=lambda line: None)
+    message = one_line(error)
+    assert message.startswith(f"{member / 'predictions.safetensors'}: ") and fragment in message
+    assert "delete it, and the ensemble predicts the test split with the model of" in message
+    assert not (tmp_path / "ensemble").exists()
+    before = snapshot(member)
+    with pytest.raises(XmcError, match=fragment):   # rescore's, which leaves metrics.json as it was
+        runner.rescore_run(member, log=lambda line: None)
+    assert snapshot(member) == before
+    assert report.load_runs([member], log=lambda line: None)[0].top1 is None   # the report's checks skip it
+
+
+def test_saved_predictions_that_cannot_be_read_or_validation_labels_repeated(finished_run, tmp_path):
+    from xmcbench import ensemble, runner
+
+    run = _copy(finished_run, tmp_path / "unreadable")
+    (run / "predictions.safetensors").write_bytes(b"\x00\x01 not safetensors \xff" * 20)
+    before = snapshot(run)
+    with pytest.raises(XmcError) as error:
+        runner.rescore_run(run, log=lambda line: None)
+    assert one_line(error).startswith(f"{run / 'predictions.safetensors'} cannot be read (")
+    assert snapshot(run) == before
+
+    # weighted fusion: validation predictions that repeat one label would weigh that member wrongly
+    members = [_copy(finished_run, tmp_path / name) for name in ("a", "b")]
+    rows = np.arange(8)
+    labels = np.tile(np.arange(5), (len(rows), 1))
+    scores = np.tile(np.linspace(0.9, 0.5, 5, dtype=np.float32), (len(rows), 1))
+    for member in members:
+        runner.save_validation_predictions(member / runner.VALIDATION_PREDICTIONS_FILE, labels, scores, rows)
+    repeated = labels.copy()
+    repeated[:, 1:] = repeated[:, :1]
+    runner.save_validation_predictions(members[1] / runner.VALIDATION_PREDICTIONS_FILE, repeated, scores, rows)
+    with pytest.raises(XmcError) as error:
+        ensemble.build_ensemble(members, tmp_path / "weighted", top_k=5, fusion="weighted", log=lambda line: None)
+    assert one_line(error).startswith(f"{members[1] / runner.VALIDATION_PREDICTIONS_FILE}: row 0 names label 0 twice")
+
+
+def test_a_pecos_folder_with_nan_features(tmp_path):
+    from xmcbench.registry import build_registry
+    from xmcbench.runner import open_dataset
+
+    folder = tmp_path / "pecos"
+    folder.mkdir()
+    features = sp.csr_matrix(np.array([[1.0, 0.0], [np.nan, 2.0], [0.5, 0.5], [0.0, 1.0]], dtype=np.float32))
+    for short in ("trn", "tst"):
+        sp.save_npz(folder / f"Y.{short}.npz", sp.csr_matrix(np.eye(4, 3, dtype=np.float32)))
+        sp.save_npz(folder / f"X.{short}.npz", features)
+    with pytest.raises(XmcError) as error:
+        open_dataset(build_registry(), str(folder))
+    assert one_line(error).startswith(f"{folder / 'X.trn.npz'}: a feature value is not a finite number")
+    converted = xmcbench("convert", str(folder), str(tmp_path / "out"), "--to", "xc_sparse")
+    assert_one_line_error(converted, "X.trn.npz", "not a finite number")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_run_is_one_line(finished_run, tiny_model_dir, tiny_dataset, tmp_path):
+    weights = (finished_run / "model" / "weights.safetensors").stat().st_size
+    full = _with_file_size_limit(weights // 2, *run_args(tiny_model_dir, tiny_dataset, tmp_path / "run"))
+    error = assert_one_line_error(full, "File too large", "free space or fix the permissions there",
+                                  progress_lines=len(full.stderr.splitlines()) - 1)
+    assert str(tmp_path / "run") in error
+
+
+def test_predict_arguments_of_the_wrong_type(finished_run):
+    from xmcbench import api
+
+    predictor = api.load(finished_run)
+    for arguments, fragment in (({"top_k": 2.5}, "top_k must be a whole number"), ({"top_k": "3"}, "got '3' (str)"),
+                                ({"top_k": True}, "got True (bool)"), ({"threshold": "0.5"}, "threshold must be"),
+                                ({"threshold": float("nan")}, "got nan")):
+        with pytest.raises(XmcError) as error:
+            predictor.predict(["alpha"], **arguments)
+        assert fragment in one_line(error), arguments
+    assert len(predictor.predict(["alpha"], top_k=np.int64(2), threshold=0)[0]["labels"]) <= 2
+    refused = subprocess.run([sys.executable, "-m", "xmcbench", "predict", str(finished_run), "--threshold", "nan"],
+                             input="alpha\n", capture_output=True, text=True)
+    assert_one_line_error(refused, "threshold must be a finite number")
+
+
+def test_a_setting_given_wins_over_a_tree_the_method_derives(tiny_model_dir, tiny_dataset):
+    from xmcbench.clustering import num_clusters_for
+    from xmcbench.registry import build_registry
+    from xmcbench.runner import plan_run, resolve_num_clusters
+
+    registry = build_registry()
+    if "cascade" not in registry.methods:
+        pytest.skip("the cascade plugin package (plugins/xmcbench-cascade) is not installed")
+    plan = plan_run(registry, "cascade", str(tiny_dataset), set_options=[f"model_name={tiny_model_dir}",
+                                                                        "cluster_size=2"])
+    labels = plan.statistics.labels
+    assert plan.config.cluster_size == 2
+    assert resolve_num_clusters(plan.config, labels) == num_clusters_for(labels, 2)
+
+
+def test_a_tracking_server_that_does_not_answer(tmp_path, monkeypatch, capsys):
+    import socket
+    import threading
+    import time
+    import types
+
+    from xmcbench.config import TrainConfig
+    from xmcbench_loggers import mlflow_log
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)   # connections are accepted by the system, and never answered
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{server.getsockname()[1]}")
+    for name in ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    # the bound, shortened for the test (10 s and one retry by default)
+    monkeypatch.setattr(mlflow_log, "BOUNDED_WAITS", {"MLFLOW_HTTP_REQUEST_TIMEOUT": "1",
+                                                      "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+                                                      "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0"}, raising=False)
+    logger = mlflow_log.build(tmp_path, TrainConfig())
+    fake = types.SimpleNamespace(step=1)
+    started = time.perf_counter()
+    session = threading.Thread(target=lambda: (logger.on_train_begin(fake),
+                                               logger.on_log(fake, [{"step": 1, "loss": 0.5}]),
+                                               logger.on_train_end(fake)), daemon=True)
+    session.start()
+    session.join(timeout=60)
+    server.close()
+    assert not session.is_alive(), "the logger is still waiting for the tracking server"
+    assert time.perf_counter() - started < 30
+    warned = [line for line in capsys.readouterr().err.splitlines() if "mlflow" in line]
+    assert len(warned) == 1 and "training goes on without MLflow logging" in warned[0]
+    assert logger.failed and logger.run_id is None
+
+
+def test_latin1_bytes_in_a_csv_are_counted(tmp_path):
+    from xmcbench.registry import build_registry
+    from xmcbench.runner import open_dataset
+
+    folder = tmp_path / "csv"
+    folder.mkdir()
+    (folder / "train.csv").write_bytes(b"text,labels\ncaf\xe9 au lait,a|b\nplain text,b\ncr\xe8me,c\n")
+    (folder / "test.csv").write_bytes(b"text,labels\nna\xefve,a\nplain \xef\xbf\xbd,b\n")   # a real U+FFFD too
+    dataset = open_dataset(build_registry(), str(folder))
+    assert dataset.train_texts[0] == "caf\ufffd au lait" and dataset.test_texts[1] == "plain \ufffd"
+    assert dataset.report["non_utf8_lines"] == 3   # as the raw-text reader counts the same repair
+
+
+def test_jsonl_label_cells_that_name_no_label(tmp_path):
+    from xmcbench.registry import build_registry
+    from xmcbench.runner import open_dataset
+
+    for cell, document, what in (({"a": 1}, 1, "it holds a JSON object"), ([["a", "b"], "c"], 2,
+                                                                           "its list holds a JSON list")):
+        folder = tmp_path / f"jsonl-{document}"
+        folder.mkdir()
+        rows = [{"text": "alpha", "labels": ["a"]}, {"text": "beta", "labels": ["b"]}]
+        rows[document - 1]["labels"] = cell
+        for name in ("train.jsonl", "test.jsonl"):
+            (folder / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+        with pytest.raises(XmcError) as error:
+            open_dataset(build_registry(), str(folder))
+        assert one_line(error).startswith(f"{folder / 'test.jsonl'}: the label cell of document {document} names "
+                                          f"no label: {what}") or \
+            one_line(error).startswith(f"{folder / 'train.jsonl'}: the label cell of document {document} names "
+                                       f"no label: {what}")
+
+
+def test_evaluate_with_label_names_of_another_dataset(finished_run, tmp_path):
+    columns = sp.load_npz(finished_run / "predictions.npz").shape[1]
+    names = tmp_path / "names.json"
+    names.write_text(json.dumps([f"not-a-label-{i}" for i in range(columns)]))
+    refused = xmcbench("evaluate", "--predictions", str(finished_run / "predictions.npz"), "--dataset",
+                       _dataset_of(finished_run), "--labels", str(names))
+    assert_one_line_error(refused, f"none of the {columns} label names in {names}", "every prediction would miss")
+
+
 # ---------------------------------------------------------------------------------------- the table itself
 
 

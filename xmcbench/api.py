@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import copy
 import datetime
+import math
+import numbers
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +57,13 @@ def _reading(reading: FormatOptions | dict | None) -> FormatOptions:
                            f"{', '.join(FormatOptions.__dataclass_fields__)}")
         return FormatOptions(**reading)
     raise XmcError(f"reading must be a FormatOptions or a dict of its fields, got {type(reading).__name__}")
+
+
+def _check_threshold(threshold: Any) -> None:
+    """A predict threshold is None or a finite number: NaN would drop every label without a word."""
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, numbers.Real)
+                                  or not math.isfinite(threshold)):
+        raise XmcError(f"threshold must be a finite number (labels scoring below it are dropped), got {threshold!r}")
 
 
 def _text_list(value: Any, what: str) -> list[str]:
@@ -191,6 +200,7 @@ class Predictor:
         top_k each (fewer when threshold drops the labels scoring below it) — what `xmcbench predict` writes."""
         texts = _text_list(texts, "texts")
         check_top_k(top_k)
+        _check_threshold(threshold)
         width = top_k if self._ensemble is None else max(top_k, self._ensemble.top_k)
         labels, scores = self._top(lambda model: texts, width, None, "predicting")
         names = self.label_names

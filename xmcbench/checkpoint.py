@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from xmcbench.errors import XmcError, error_line
-from xmcbench.storage import read_json, write_json
+from xmcbench.storage import read_json, write_errors_as_os_errors, write_json
 
 POINTER = "latest.json"
 
@@ -85,7 +85,8 @@ def save_checkpoint(directory: Path, state: dict, step: int) -> Path:
     try:
         tensors: dict[str, torch.Tensor] = {}
         skeleton = split_state(state, tensors)
-        save_file(tensors, str(temporary / "tensors.safetensors"))
+        with write_errors_as_os_errors(directory):   # a full disk: one line naming the folder, as any OSError
+            save_file(tensors, str(temporary / "tensors.safetensors"))
         write_json(temporary / "state.json", skeleton)
         _fsync_file(temporary / "tensors.safetensors")
     except BaseException:   # a full disk or Ctrl-C leaves no half-written folder (the previous checkpoint stays)

@@ -25,8 +25,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Benchmark extreme multi-label text classifiers; LightXML is the reference method.")
 
 DatasetOption = typer.Option(None, "--dataset", "-d",
-                             help=f"registered dataset name, or a folder or file in a data format "
-                                  f"(`xmcbench formats`, docs/data-formats.md) "
+                             help="registered dataset name, or a folder or file in a data format "
+                                  "(`xmcbench formats`, docs/data-formats.md) "
                                   "[default: the one `xmcbench datasets` marks as default]")
 SetOption = typer.Option(None, "--set", "-s", help="override a setting, key=value (repeatable)")
 ConfigOption = typer.Option(None, "--config", help="TOML or JSON file of settings")

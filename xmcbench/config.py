@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import json
 import math
+import numbers
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -183,7 +184,10 @@ def parse_names(value: Any, key: str, source: str) -> tuple[str, ...]:
 
 
 def check_top_k(top_k: int) -> None:
-    """The labels asked of `predict` per text: 1 to MAX_TOP_K."""
+    """The labels asked of `predict` per text: a whole number (not a bool, a float or a string), 1 to MAX_TOP_K."""
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
+        raise XmcError(f"top_k must be a whole number between 1 and {MAX_TOP_K}, got {top_k!r} "
+                       f"({type(top_k).__name__})")
     if not 1 <= top_k <= MAX_TOP_K:
         raise XmcError(f"--top-k must be between 1 and {MAX_TOP_K}, got {top_k}")
 

@@ -45,8 +45,12 @@ An ensemble directory:
                               (runner.save_predictions_npz)
     environment.json          library versions, platform, date
 
+It is written into a new folder beside --output and swapped in when complete (rundir.written_beside), so a
+build that fails midway (a full disk, Ctrl-C) leaves an earlier ensemble there as it was.
+
 Members must be finished runs sharing one label vocabulary (model/labels.json). Building reuses the
-members' saved test predictions when they all have them for the current version of one dataset;
+members' saved test predictions when they all have them for the current version of one dataset (each file
+checked by prediction_files.read_predictions: one damaged or changed after its run wrote it is refused);
 otherwise (and always for `evaluate`) every member model predicts the test split, one model at a time.
 The metrics are taken at the first member's eval_ks (build with --top-k >= max(eval_ks)). Propensities for
 PSP@k, PSnDCG@k, PSR@k and the label counts of the frequency bins are the ones of every run and of
@@ -62,7 +66,6 @@ import itertools
 import json
 import math
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,10 +74,12 @@ from typing import Sequence
 import numpy as np
 
 from xmcbench.config import check_top_k
-from xmcbench.errors import XmcError, joined_line
+from xmcbench.errors import XmcError
 from xmcbench.metrics import evaluate
 from xmcbench.inference import Predictions
+from xmcbench.prediction_files import read_predictions
 from xmcbench.registry import Registry, build_registry
+from xmcbench.rundir import written_beside
 from xmcbench.storage import read_json, write_json
 
 ENSEMBLE_FILE = "ensemble.json"
@@ -402,24 +407,20 @@ def _predict_test(members: list[Member], dataset, top_k: int, registry: Registry
 
 
 def _saved_predictions(members: list[Member], dataset, top_k: int):
-    """The members' saved test predictions, or None when any is missing, stale or too short for top_k."""
-    from safetensors.numpy import load_file
-
+    """The members' saved test predictions, or None when any is missing, of another dataset version or too
+    short for top_k (then every member predicts again). A saved file that does not hold valid predictions
+    (prediction_files.read_predictions) is refused: its member folder was damaged or changed."""
     labels, scores = [], []
     for member in members:
         path = member.path / "predictions.safetensors"
         if not path.is_file() or member.config.get("dataset_version") != dataset.version:
             return None
-        try:
-            saved = load_file(str(path))
-        except Exception:  # a damaged file: predicting again is the safe fallback
+        saved = read_predictions(path, len(member.label_names), f"delete it, and the ensemble predicts the test "
+                                 f"split with the model of {member.path} instead", documents=dataset.test_labels.shape[0])
+        if saved.labels.shape[1] < top_k:
             return None
-        if "labels" not in saved or "scores" not in saved or saved["labels"].shape != saved["scores"].shape \
-                or saved["labels"].ndim != 2 or saved["labels"].shape[0] != len(dataset.test_texts) \
-                or saved["labels"].shape[1] < top_k:
-            return None
-        labels.append(saved["labels"])
-        scores.append(saved["scores"])
+        labels.append(saved.labels)
+        scores.append(saved.scores)
     return labels, scores
 
 
@@ -438,11 +439,9 @@ def _rerun_hint(reference: Member | None) -> str:
 
 
 def _validation_predictions(members: list[Member], dataset, top_k: int) -> tuple[list, list, np.ndarray]:
-    """The members' saved top lists on their validation rows: (labels [(V, k)], scores [(V, k)], rows (V,)).
-    Anything that keeps them from sharing one validation split ends in one XmcError line saying how to
-    rerun."""
-    from safetensors.numpy import load_file
-
+    """The members' saved top lists on their validation rows: (labels [(V, k)], scores [(V, k)], rows (V,)),
+    each file checked (prediction_files.read_predictions). Anything that keeps them from sharing one
+    validation split ends in one XmcError line saying how to rerun."""
     from xmcbench.runner import VALIDATION_PREDICTIONS_FILE
 
     paths = [member.path / VALIDATION_PREDICTIONS_FILE for member in members]
@@ -459,22 +458,12 @@ def _validation_predictions(members: list[Member], dataset, top_k: int) -> tuple
             raise XmcError(f"ensemble member {member.path} was trained on another version of {dataset.name} than the "
                            "one here, so its validation rows may no longer be the same documents; rerun it, or use "
                            "--fusion sum")
-        try:
-            saved = load_file(str(path))
-        except Exception as error:   # safetensors raises several types for a damaged file
-            raise XmcError(f"{path} cannot be read ({joined_line(error)}); rerun the member") from None
-        member_labels, member_scores, rows = saved.get("labels"), saved.get("scores"), saved.get("rows")
-        if member_labels is None or member_scores is None or rows is None or member_labels.ndim != 2 \
-                or member_labels.shape != member_scores.shape or rows.shape != (member_labels.shape[0],) \
-                or (rows.size and (rows.min() < 0 or rows.max() >= len(dataset.train_texts))):
-            raise XmcError(f"{path} is damaged (it needs labels and scores (V, k) and rows (V,) of the training "
-                           "set); rerun the member")
+        saved = read_predictions(path, len(member.label_names), "rerun the member",
+                                 training_rows=dataset.train_labels.shape[0])
+        member_labels, member_scores, rows = saved.labels, saved.scores, saved.rows
         if member_labels.shape[1] < top_k:
             raise XmcError(f"ensemble member {member.path} kept its top {member_labels.shape[1]} labels on the "
                            f"validation rows, fewer than --top-k {top_k}; pass --top-k {member_labels.shape[1]}")
-        if not np.all(np.isfinite(member_scores[member_labels >= 0])):
-            raise XmcError(f"ensemble member {member.path} has scores that are not finite on its validation rows; "
-                           "rerun the member")
         if found_rows and not np.array_equal(rows, found_rows[0]):
             raise XmcError(f"ensemble members {members[0].path} and {member.path} were validated on different "
                            f"training rows ({_validation_settings(members[0])} vs {_validation_settings(member)}): "
@@ -554,8 +543,7 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
                    log=print, fusion: str = "sum") -> Path:
     """Write an ensemble directory of finished runs and score it on the test split; return the directory.
     fusion: "sum" or "weighted" (see the module docstring)."""
-    from xmcbench.runner import PREDICTIONS_NPZ, environment, open_dataset, reading_of, save_predictions, \
-        save_predictions_npz
+    from xmcbench.runner import open_dataset, reading_of
 
     check_fusion(fusion)
     if len(run_dirs) < 2:
@@ -610,11 +598,23 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
     combine_seconds = time.perf_counter() - started
     metrics = _score(labels, dataset, members)
 
-    if output.exists() and is_ensemble(output):   # overwrite was checked above
-        shutil.rmtree(output)
-    output.mkdir(parents=True, exist_ok=True)
+    # written beside the output and swapped in when complete: a full disk or Ctrl-C midway leaves the earlier
+    # ensemble (overwrite was checked above) as it was, and never a half-written one
     base = output.resolve()
     refs = [os.path.relpath(m.path.resolve(), base) for m in members]
+    with written_beside(output) as staging:
+        _write_ensemble(staging, members, refs, top_k, sha, rule, dataset, dataset_ref, labels, scores, metrics,
+                        source, combine_seconds)
+    return output
+
+
+def _write_ensemble(output: Path, members: list[Member], refs: list[str], top_k: int, sha: str, rule: Fusion,
+                    dataset, dataset_ref: str, labels: np.ndarray, scores: np.ndarray, metrics: dict, source: str,
+                    combine_seconds: float) -> None:
+    """The files of an ensemble directory (module docstring) into `output`, metrics.json last."""
+    from xmcbench.runner import PREDICTIONS_NPZ, environment, save_predictions, save_predictions_npz
+
+    first = members[0]
     # schema 1 for sum, which every xmcbench reads right; 2 makes one that predates weighted fusion refuse it
     write_json(output / ENSEMBLE_FILE, {"schema": 1 if rule.rule == "sum" else 2, "members": refs, "top_k": top_k,
                                         "label_names_sha256": sha, "fusion": rule.to_json()})
@@ -646,7 +646,6 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
                                          "unseen_test_labels": len(dataset.label_names) - dataset.num_labels,
                                          "members": len(members), "top_k": top_k, "fusion": rule.rule,
                                          "metrics_from": source, **metrics})
-    return output
 
 
 def evaluate_ensemble(directory: Path, dataset_name: str | None = None, data_dir: Path | None = None,

@@ -33,6 +33,7 @@ import scipy.sparse as sp
 from xmcbench.data import Dataset, _gc_paused, _label_matrix, label_texts_file, open_binary, read_label_table, \
     texts_for_labels
 from xmcbench.errors import XmcError
+from xmcbench.rundir import written_beside
 from xmcbench.storage import fingerprint
 
 # The option users type to choose a format; `compare` already uses --format for its table format.
@@ -205,8 +206,8 @@ def write_dataset(registry, dataset: Dataset, folder: Path, format_name: str,
     folder = Path(folder).expanduser()
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise XmcError(f"{folder} exists and is not an empty folder; name a new folder to write the dataset into")
-    folder.mkdir(parents=True, exist_ok=True)
-    data_format.write(dataset, folder, options or FormatOptions())
+    with written_beside(folder) as staging:   # a failure midway leaves no half-written dataset to read later
+        data_format.write(dataset, staging, options or FormatOptions())
     return folder
 
 

@@ -379,7 +379,9 @@ def _safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
 
 
 def _verify_files(directory: Path, meta: dict) -> None:
-    """Sizes and sha256 of the files model.json recorded at save time."""
+    """The folder holds exactly the files model.json recorded at save time (besides model.json), with their
+    sizes and sha256: a file added later (a tokenizer's added_tokens.json, say) would change what the model
+    does without changing any listed file, so it is refused too."""
     files = meta["files"]
     path = directory / "model.json"
     malformed = XmcError(f"{path}: its \"files\" checksums are malformed: the model description is damaged; {REDO}")
@@ -391,6 +393,15 @@ def _verify_files(directory: Path, meta: dict) -> None:
                 or not _is_size(record.get("bytes"))
                 or not re.fullmatch(r"[0-9a-f]{64}", str(record.get("sha256", "")))):
             raise malformed
+    listed = {PurePosixPath(name).as_posix() for name in files} | {"model.json"}
+    unlisted = sorted(found.relative_to(directory).as_posix() for found in directory.rglob("*")
+                      if (found.is_symlink() or not found.is_dir())
+                      and found.relative_to(directory).as_posix() not in listed)
+    if unlisted:
+        raise XmcError(f"{directory / unlisted[0]} is not one of the files model.json lists"
+                       + (f" ({len(unlisted)} such files)" if len(unlisted) > 1 else "")
+                       + f": a model folder holds exactly the files saved with it, and a file added later could "
+                       f"change its predictions; remove it, or {REDO}")
     for name, record in files.items():          # sizes first: cheap, and the clearest message
         file = directory / name
         if not file.is_file():

@@ -12,6 +12,11 @@
 Runs of one method on one dataset are its seeds. Runs of one method whose settings differ in anything but
 the seed are separate rows ("variants"), labelled by the settings that tell them apart, so an ablation run
 with `--set` is never averaged into the method it ablates.
+
+Every name and value a report shows comes from run folders, which may come from anyone, and reports get
+committed and rendered: each is escaped for the format it goes into (markdown_text, markdown_code, the LaTeX
+escape; JSON by json.dumps) and figures draw text as plain text (no mathtext), so a method called
+`<img onerror=...>`, a `|` in a dataset name or a line break in a setting is shown, never interpreted.
 """
 
 from __future__ import annotations
@@ -111,7 +116,7 @@ class RunResult:
         "distinct" (labels ranked first for some document), "share" (of documents whose first label is the
         most frequent one; an empty prediction counts as one value, "no label"), "label" (that most frequent
         first label, -1: no label)}. None when the run saved no predictions (or they cannot be read)."""
-        return _top1_of(self.path)
+        return _top1_of(self.path, self.num_labels)
 
     @property
     def num_labels(self) -> int:
@@ -238,17 +243,16 @@ def _frequency_bins_of(recorded: Any) -> dict | None:
     return recorded
 
 
-def _first_labels(path: Path) -> np.ndarray | None:
-    """The first-ranked label of each test document (-1: empty prediction) from predictions.safetensors (only
-    its first column is read) or, failing that, predictions.npz (each row's highest score); None if neither."""
+def _first_labels(path: Path, num_labels: int) -> np.ndarray | None:
+    """The first-ranked label of each test document (-1: empty prediction) from predictions.safetensors
+    (checked by prediction_files.read_predictions; num_labels: the run's label count, 0 if unknown) or,
+    failing that, predictions.npz (each row's highest score); None if neither."""
     tensors = path / "predictions.safetensors"
     if tensors.is_file():
-        from safetensors import safe_open
+        from xmcbench.prediction_files import read_predictions
 
-        with safe_open(str(tensors), framework="numpy") as saved:
-            labels = saved.get_slice("labels")
-            rows, width = labels.get_shape()
-            return (np.asarray(labels[:, :1]).reshape(rows) if width else np.full(rows, -1)).astype(np.int64)
+        labels = read_predictions(tensors, num_labels or None, "this run is not checked").labels
+        return labels[:, 0].copy() if labels.shape[1] else np.full(labels.shape[0], -1, dtype=np.int64)
     matrix_path = path / "predictions.npz"
     if not matrix_path.is_file():
         return None
@@ -268,10 +272,13 @@ def _first_labels(path: Path) -> np.ndarray | None:
     return first
 
 
-def _top1_of(path: Path) -> dict | None:
+def _top1_of(path: Path, num_labels: int = 0) -> dict | None:
     try:
-        first = _first_labels(path)
-    except Exception as error:   # a damaged predictions file must not stop the report: that run goes unchecked
+        first = _first_labels(path, num_labels)
+    except XmcError as error:   # damaged or changed predictions must not stop the report: that run goes unchecked
+        logger.warning("%s", error)
+        return None
+    except Exception as error:
         logger.warning("could not read the predictions of %s (%s); it is not checked for degeneracy", path, error)
         return None
     if first is None or len(first) == 0:
@@ -513,10 +520,43 @@ def _p_text(p: float | None) -> str:
     return "p<0.001" if p < 0.001 else f"p={p:.3f}"
 
 
+# Characters that would start Markdown or HTML inside a line (emphasis, code, links and images, raw HTML and
+# entities, strikethrough, table cells, GitHub's $math$), and characters no name should carry: line breaks
+# (a new line could start a heading or a block of HTML), other control characters (terminal escapes) and
+# invisible or direction-changing ones (text that reads otherwise than it is).
+# An underscore between two letters or digits (x86_64, model_name) can neither open nor close emphasis, so it
+# stays as it is.
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*\[\]<>!|~&$]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]+")
+
+
+def markdown_text(value: Any) -> str:
+    """str(value) as inert Markdown (GitHub's, HTML included) for a line or a table cell: unprintable
+    characters become a space and every character that could start markup is backslash-escaped, so the text
+    renders as itself."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", _UNPRINTABLE.sub(" ", str(value)))
+
+
+def markdown_code(value: Any) -> str:
+    """str(value) as a Markdown code span (for settings and label names in lists, not in table cells): its
+    fence is longer than any run of backticks inside, so nothing ends it early; unprintable characters become
+    a space."""
+    text = _UNPRINTABLE.sub(" ", str(value))
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text[:1] == "`" or text[-1:] == "`" or (text[:1] == " " and text[-1:] == " ") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _fenced(text: str) -> str:
+    """A fenced code block of `text` whose fence no line of it can close."""
+    fence = "`" * max(3, max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    return f"{fence}\n{_UNPRINTABLE.sub(' ', text)}\n{fence}"
+
+
 def _latex_escape(text: str) -> str:
     replacements = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                     "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
-    return "".join(replacements.get(ch, ch) for ch in text)
+    return "".join(replacements.get(ch, ch) for ch in _UNPRINTABLE.sub(" ", str(text)))
 
 
 def _cell(row: dict, column: str, latex: bool) -> str:
@@ -547,7 +587,7 @@ def _table(rows: list[dict], fmt: str, columns: list[str] | None = None) -> str:
     body = []
     for row in rows:
         name = row["method"] + (" (baseline)" if row["is_baseline"] else "")
-        body.append([_latex_escape(name) if latex else name, row["n_seeds"]]
+        body.append([_latex_escape(name) if latex else markdown_text(name), row["n_seeds"]]
                     + [_cell(row, c, latex) for c in columns])
     return tabulate(body, headers=headers, tablefmt="latex_raw" if latex else "github",
                     colalign=["left"] + ["right"] * (len(headers) - 1), disable_numparse=True)
@@ -582,7 +622,7 @@ def render_table(rows: list[dict], fmt: str = "github", columns: list[str] | Non
         return _table(rows, fmt, columns)
     parts = []
     for dataset in datasets:
-        heading = f"% {dataset}" if fmt == "latex" else f"**{dataset}**"
+        heading = f"% {_latex_escape(dataset)}" if fmt == "latex" else f"**{markdown_text(dataset)}**"
         parts.append(heading + "\n\n" + _table([r for r in rows if r["dataset"] == dataset], fmt, columns))
     return "\n\n".join(parts)
 
@@ -596,6 +636,18 @@ def _figure(width: float, height: float) -> Figure:
     figure = Figure(figsize=(width, height))
     FigureCanvasAgg(figure)
     return figure
+
+
+def _plain_text(draw: Callable) -> Callable:
+    """Draw a figure with every text as plain text: names from run folders may hold `$`, which mathtext
+    would read as a formula (and fail on)."""
+    @functools.wraps(draw)
+    def plain(*args, **kwargs):
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return draw(*args, **kwargs)
+    return plain
 
 
 def _save_png(figure: Figure, path: Path) -> None:
@@ -682,6 +734,7 @@ class LossCurve:
     stages: list[tuple[float, str]] = field(default_factory=list)
 
 
+@_plain_text
 def plot_loss(curves: list[LossCurve], path: Path, ylabel: str) -> Figure:
     """The one loss figure, of a run (loss.png: its loss parts) or of a report (loss_curves.png: a line per
     method): loss against epochs of training, on a log scale when every value is positive. Each stage after
@@ -772,6 +825,7 @@ def plot_loss_curves(runs: list[RunResult], path: Path) -> Figure:
     return plot_loss(curves, path, f"training loss, mean per 1/{POINTS_PER_EPOCH} epoch\nand over seeds (± std)")
 
 
+@_plain_text
 def plot_precision(rows: list[dict], path: Path) -> Figure:
     """P@1/3/5 per method as grouped bars, error bars = std over seeds; a PNG at `path`."""
     several_datasets = len({r["dataset"] for r in rows}) > 1
@@ -850,19 +904,21 @@ def render_frequency_bins(table: dict) -> str:
 
     k = table["k"]
     headers = ["training documents per label", "labels (%)", "test positives (%)",
-               *[row["method"] for row in table["rows"]]]
+               *[markdown_text(row["method"]) for row in table["rows"]]]
     body = []
     for i, name in enumerate(table["bins"]):
         values = [r["mean"][i] for r in table["rows"]]
         best = max(values)
         cells = [f"**{v:.2f}**" if len(values) > 1 and best > 0 and math.isclose(v, best, abs_tol=1e-12) else f"{v:.2f}"
                  for v in values]
-        body.append([name, f"{table['label_share'][i]:.1f}", f"{table['test_positive_share'][i]:.1f}", *cells])
+        body.append([markdown_text(name), f"{table['label_share'][i]:.1f}", f"{table['test_positive_share'][i]:.1f}",
+                     *cells])
     body.append([f"all (= P@{k})", "100.0", "100.0", *[f"{sum(r['mean']):.2f}" for r in table["rows"]]])
     return tabulate(body, headers=headers, tablefmt="github", colalign=["left"] + ["right"] * (len(headers) - 1),
                     disable_numparse=True)
 
 
+@_plain_text
 def plot_frequency_bins(tables: list[dict], path: Path) -> Figure:
     """Contribution to P@k per bin of training label frequency as grouped bars, one colour per method,
     error bars = std over seeds; one panel per dataset; a PNG at `path`."""
@@ -885,9 +941,9 @@ def plot_frequency_bins(tables: list[dict], path: Path) -> Figure:
                      capsize=2, color=colour[row["method"]],
                      label=f"{names[row['method']]} ({row['n_seeds']} seed{'s' if row['n_seeds'] > 1 else ''})")
         # the share of test positives under each bin says how much of P@k the bin could give at most
-        names = [f"{name}\n{share:.0f} % of test\npositives" for name, share in
+        ticks = [f"{name}\n{share:.0f} % of test\npositives" for name, share in
                  zip(table["bins"], table["test_positive_share"])]
-        axes.set_xticks(positions, names, fontsize="small")
+        axes.set_xticks(positions, ticks, fontsize="small")
         axes.set_xlabel("training documents per label")
         axes.set_ylabel(f"contribution to P@{table['k']} (%)")
         if len(tables) > 1:
@@ -908,7 +964,7 @@ def _label_name(run: RunResult, label: int) -> str:
         except (OSError, ValueError):
             continue
         if isinstance(names, list) and label < len(names):
-            return f"`{names[label]}`"
+            return markdown_code(names[label])
     return f"label {label}"
 
 
@@ -924,8 +980,9 @@ def _check_lines(runs: list[RunResult], groups: list[_Group], several_datasets: 
                 len(checked) < len(runs) else ""), ""]
     flagged = [r for r in checked if r.degenerate]
     for run in flagged:
-        where = f" on {run.dataset}" if several_datasets else ""
-        lines.append(f"- **Degenerate: {label_of[id(run)]}{where}, seed {run.seed}** ({run.path.name}): "
+        where = f" on {markdown_text(run.dataset)}" if several_datasets else ""
+        lines.append(f"- **Degenerate: {markdown_text(label_of[id(run)])}{where}, seed {run.seed}** "
+                     f"({markdown_text(run.path.name)}): "
                      f"{_label_name(run, run.top1['label'])} is first for {run.top1['share']:.1%} of "
                      f"{run.top1['documents']} test documents; distinct labels ever first: {run.top1['distinct']}.")
     if not flagged:
@@ -942,14 +999,15 @@ def _fusion_lines(groups: list[_Group], several_datasets: bool) -> list[str]:
         fusions = [(r.seed, r.config["fusion"]) for r in group.runs if isinstance(r.config.get("fusion"), dict)]
         if not fusions:
             continue
-        name = group.label + (f" on {group.dataset}" if several_datasets else "")
+        name = markdown_text(group.label + (f" on {group.dataset}" if several_datasets else ""))
         first = fusions[0][1]
         if first.get("rule") != "weighted":
             lines.append(f"- {name}: raw scores summed over the union of the members' top-k (the paper's rule)")
             continue
         per_seed = []
         for seed, fusion in fusions:
-            weights = ", ".join(f"{method} {weight:g}" for method, weight in
+            weights = ", ".join(f"{markdown_text(method)} {weight:g}" if _is_number(weight) else
+                                f"{markdown_text(method)} {markdown_text(weight)}" for method, weight in
                                 zip(fusion.get("member_methods") or [], fusion.get("weights") or []))
             chosen = (fusion.get("validation") or {}).get("objective")
             alone = [a.get("objective") for a in fusion.get("validation_members_alone") or []]
@@ -957,8 +1015,9 @@ def _fusion_lines(groups: list[_Group], several_datasets: bool) -> list[str]:
                 weights += f" (validation {chosen:.2f}; members alone " + " / ".join(f"{a:.2f}" for a in alone) + ")"
             per_seed.append(f"seed {seed}: {weights}")
         lines.append(f"- {name}: each member's scores normalised by its own validation scores (their empirical "
-                     f"distribution), weights chosen on {first.get('validation_documents', '?')} validation "
-                     f"documents by {first.get('objective', '?')}, never on test; " + "; ".join(per_seed))
+                     f"distribution), weights chosen on {markdown_text(first.get('validation_documents', '?'))} "
+                     f"validation documents by {markdown_text(first.get('objective', '?'))}, never on test; "
+                     + "; ".join(per_seed))
     return lines
 
 
@@ -969,13 +1028,13 @@ def _distinct(values) -> list:
 
 
 def _describe(groups: list[_Group], value: Callable[[RunResult], Any]) -> str:
-    """One value if every run agrees, else the value per row."""
+    """One value if every run agrees, else the value per row; as Markdown text (markdown_text)."""
     per_group = {g.label + (f" on {g.dataset}" if len({x.dataset for x in groups}) > 1 else ""):
                  _distinct(value(r) for r in g.runs) for g in groups}
     everything = _distinct(json.loads(v) for vs in per_group.values() for v in vs)
     if len(everything) == 1:
-        return str(json.loads(everything[0]))
-    return "; ".join(f"{name}: " + " / ".join(str(json.loads(v)) for v in values)
+        return markdown_text(json.loads(everything[0]))
+    return "; ".join(f"{markdown_text(name)}: " + " / ".join(markdown_text(json.loads(v)) for v in values)
                      for name, values in per_group.items())
 
 
@@ -1051,14 +1110,15 @@ def write_report(runs: list[RunResult], output: Path, baseline: str | None = Non
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     lines = ["# xmcbench report", ""]
     if command:
-        lines += ["Produced by:", "", "```", command, "```", ""]
+        lines += ["Produced by:", "", _fenced(command), ""]
     lines += [f"{len(runs)} finished runs of {len(rows)} method(s) on {len(datasets)} dataset(s).", ""]
     lines += ["## Setup", ""]
     for dataset in datasets:
         here = [r for r in runs if r.dataset == dataset]
         versions = ", ".join(dict.fromkeys(str(r.config.get("dataset_version", "?")) for r in here))
         labels = ", ".join(dict.fromkeys(str(r.config.get("resolved", {}).get("num_labels", "?")) for r in here))
-        lines.append(f"- Dataset: **{dataset}** (version {versions}; {labels} training labels)")
+        lines.append(f"- Dataset: **{markdown_text(dataset)}** (version {markdown_text(versions)}; "
+                     f"{markdown_text(labels)} training labels)")
     lines.append(f"- Encoder: {_describe(groups, lambda r: r.settings.get('model_name', '?'))}")
     lines.append(f"- Hardware: {_describe(groups, _hardware)}")
     lines.append(f"- Propensities of PSP@k, PSnDCG@k and PSR@k (Jain et al. 2016, label frequencies of the whole "
@@ -1068,28 +1128,30 @@ def write_report(runs: list[RunResult], output: Path, baseline: str | None = Non
                      f"scoring, as the Extreme Classification Repository's evaluation does): "
                      f"{_describe(groups, _filtered)}")
     lines.append("- Seeds: " + "; ".join(
-        f"{g.label}{f' on {g.dataset}' if len(datasets) > 1 else ''}: {', '.join(str(r.seed) for r in g.runs)}"
-        for g in groups))
+        f"{markdown_text(g.label)}{f' on {markdown_text(g.dataset)}' if len(datasets) > 1 else ''}: "
+        f"{', '.join(str(r.seed) for r in g.runs)}" for g in groups))
     if any(_components(r) for g in groups for r in g.runs):
         lines.append("- Components that ran (a flat run, one logit per label, has no ranker and no sampler): "
                      + _describe(groups, _components))
     lines += ["- Settings that differ from the `TrainConfig` defaults:"]
     for group in groups:
         changed = _distinct(_non_default(r) for r in group.runs)
-        text = "; ".join(", ".join(f"`{s}`" for s in json.loads(c)) or "none" for c in changed)
-        lines.append(f"  - {group.label}{f' on {group.dataset}' if len(datasets) > 1 else ''}: {text}")
+        text = "; ".join(", ".join(markdown_code(s) for s in json.loads(c)) or "none" for c in changed)
+        lines.append(f"  - {markdown_text(group.label)}"
+                     f"{f' on {markdown_text(group.dataset)}' if len(datasets) > 1 else ''}: {text}")
     lines += ["", "## Results", ""]
     for dataset in datasets:
         here = [r for r in rows if r["dataset"] == dataset]
-        lines += [f"### {dataset}", ""]
+        lines += [f"### {markdown_text(dataset)}", ""]
         lines += [render_table(here, "github"), ""]
         for title, columns in more_tables(here):
             lines += [f"More metrics: {title}", "", render_table(here, "github", columns), ""]
         if baseline and here[0]["baseline"] is None:
-            lines += [f"No {baseline} runs on {dataset}: no baseline comparison here.", ""]
+            lines += [f"No {markdown_text(baseline)} runs on {markdown_text(dataset)}: no baseline comparison "
+                      "here.", ""]
     lines += [STATS_NOTE, ""]
     if baseline:
-        lines += [f"Baseline: {baseline}. Each cell of another method adds (difference, p-value). "
+        lines += [f"Baseline: {markdown_text(baseline)}. Each cell of another method adds (difference, p-value). "
                   + paired_test_note(rows), ""]
     lines += [f"The table is also in [{table_path.name}]({table_path.name}).", ""]
     lines += _check_lines(runs, groups, len(datasets) > 1)
@@ -1107,7 +1169,7 @@ def write_report(runs: list[RunResult], output: Path, baseline: str | None = Non
                   "each bin in bold.", ""]
         for table in bin_tables:
             if len(bin_tables) > 1:
-                lines += [f"### {table['dataset']}", ""]
+                lines += [f"### {markdown_text(table['dataset'])}", ""]
             lines += [render_frequency_bins(table), ""]
     lines += ["## Figures", "",
               "![Training loss against epochs of training, mean over seeds; dotted lines: stage starts](loss_curves.png)",

@@ -1,23 +1,32 @@
-"""Claiming a run folder, so that a run never destroys what it did not write.
+"""Claiming a run folder, so that a run never destroys what it did not write, and never writes outside it.
 
 Every run folder holds RUN_MARKER, a file only xmcbench writes, locked (flock) by the process writing the
 run for as long as it runs: a second process given the same folder is refused instead of writing over it,
 and `--overwrite` deletes only folders that carry the marker. A run that replaces an earlier one is
 written to a hidden sibling folder and swapped in when it has finished, so a run that fails, is
-interrupted or is refused leaves the earlier run as it was.
+interrupted or is refused leaves the earlier run as it was. Ensembles and `xmcbench convert` write their
+folders the same way (written_beside).
+
+What a run writes stays inside its folder (run_path): no part of a path inside it may be a symbolic link,
+`..` or absolute, so a run folder received from someone else (a tensorboard/ that links elsewhere, a
+checkpoints/latest.json naming another folder) cannot steer a write, or a read, outside it. Resuming a run
+checks its whole folder once (check_no_links); loggers and other writers ask run_path for their paths.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import xmcbench
 from xmcbench.errors import XmcError
+from xmcbench.storage import umask_mode
 
 RUN_MARKER = ".xmcbench-run"
 
@@ -34,13 +43,8 @@ class ClaimedRun:
     def finish(self) -> Path:
         """Swap a staged run into place (the replaced run is deleted only then) and release the locks."""
         if self.directory != self.target:
-            replaced = self.target.with_name(f".{self.target.name}.xmcbench-replaced")
-            shutil.rmtree(replaced, ignore_errors=True)
-            if self.target.exists():
-                os.rename(self.target, replaced)
-            os.rename(self.directory, self.target)
+            replace_folder(self.directory, self.target)
             _write_marker(self.target / RUN_MARKER, replaces=None)
-            shutil.rmtree(replaced, ignore_errors=True)
             self.directory = self.target
         self.release()
         return self.target
@@ -53,6 +57,65 @@ class ClaimedRun:
 
 def staging_folder(target: Path) -> Path:
     return target.with_name(f".{target.name}.xmcbench-replacement")
+
+
+def replace_folder(new: Path, target: Path) -> None:
+    """Put the finished folder `new` (a sibling of target) in target's place; an earlier target is moved
+    aside first and deleted only once `new` is in place."""
+    replaced = target.with_name(f".{target.name}.xmcbench-replaced")
+    shutil.rmtree(replaced, ignore_errors=True)
+    if target.exists():
+        os.rename(target, replaced)
+    os.rename(new, target)
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def written_beside(target: Path):
+    """A new, empty folder beside `target` to write a whole folder into (an ensemble, a converted dataset);
+    when the block ends without an error it replaces target (replace_folder), otherwise it is deleted and
+    target stays as it was. A full disk or Ctrl-C midway never leaves a half-written target."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.xmcbench-new-"))
+    try:
+        os.chmod(staging, umask_mode(folder=True))   # mkdtemp's 0700 would keep the folder from other users
+        yield staging
+        replace_folder(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def run_path(run_dir: Path, *parts: str) -> Path:
+    """run_dir / parts, for a file or folder that xmcbench writes (or reads back) inside a run folder: every
+    part is a plain name (no `..`, no absolute path) and nothing on the way below run_dir is a symbolic link,
+    so the path stays inside the folder; anything else is refused in one XmcError line."""
+    path = Path(run_dir)
+    for part in parts:
+        relative = PurePath(part)
+        if relative.is_absolute() or ".." in relative.parts:
+            raise XmcError(f"{run_dir}: {part!r} is not a path inside the run folder")
+        for name in relative.parts:
+            path = path / name
+            if path.is_symlink():
+                raise _link_error(path)
+    return path
+
+
+def check_no_links(run_dir: Path) -> None:
+    """Refuse a run folder that holds a symbolic link anywhere inside it (run_path's rule, for the whole
+    folder at once): resuming a run writes its checkpoints, logs and model into it."""
+    for root, folders, files in os.walk(run_dir):   # os.walk does not descend into linked folders
+        for name in sorted(folders + files):
+            if os.path.islink(os.path.join(root, name)):
+                raise _link_error(Path(root) / name)
+
+
+def _link_error(path: Path) -> XmcError:
+    return XmcError(f"{path} is a symbolic link (to {os.readlink(path)}): what a run writes stays inside its folder, "
+                    "so a run folder may hold no links; replace the link by a copy of what it points to, or start "
+                    "a new run")
 
 
 def claim_output(output: Path, overwrite: bool, is_finished) -> ClaimedRun:
@@ -94,6 +157,7 @@ def claim_output(output: Path, overwrite: bool, is_finished) -> ClaimedRun:
 def claim_existing(run_dir: Path) -> ClaimedRun:
     """Claim an unfinished run folder to resume it; a staged replacement keeps its target."""
     run_dir = Path(run_dir)
+    check_no_links(run_dir)
     marker = run_dir / RUN_MARKER
     if not marker.exists():   # a run started before markers existed (the caller checked its config.json)
         lock = _create_locked_marker(run_dir, replaces=None)

@@ -889,8 +889,7 @@ def rescore_run(run_dir: Path, data_dir: Path | None = None, registry: Registry 
     predictions.npz when missing); return the new metrics. The model files are not needed, so this works
     for runs whose weights were not kept or stayed on another machine. Recaller coverage needs the
     model's clusters: it is kept from the old metrics.json."""
-    from safetensors.numpy import load_file
-
+    from xmcbench.prediction_files import read_predictions
     from xmcbench.storage import read_json
 
     run_dir = Path(run_dir)
@@ -906,8 +905,9 @@ def rescore_run(run_dir: Path, data_dir: Path | None = None, registry: Registry 
     if saved.get("dataset_version") not in (None, dataset.version):
         raise XmcError(f"{run_dir} was trained on version {saved['dataset_version']} of {saved['dataset']}, "
                        f"which now reads as version {dataset.version}; its predictions are of other documents")
-    arrays = load_file(str(run_dir / "predictions.safetensors"))
-    predictions = Predictions(arrays["labels"], arrays["scores"], None)
+    saved = read_predictions(run_dir / "predictions.safetensors", len(label_names), "rerun the run to predict again; "
+                             "its metrics.json is left as it was", documents=dataset.test_labels.shape[0])
+    predictions = Predictions(saved.labels, saved.scores, None)
     if predictions.labels.shape[1] < max(config.eval_ks):
         raise XmcError(f"{run_dir} saved {predictions.labels.shape[1]} labels per document, fewer than "
                        f"eval_ks needs ({max(config.eval_ks)})")
@@ -1015,7 +1015,12 @@ def _read_score_matrix(path: Path) -> sp.csr_matrix:
     except Exception as error:   # numpy and zipfile raise several types for a file that is not one
         raise XmcError(f"{path} is not a sparse matrix saved with scipy.sparse.save_npz ({type(error).__name__}: "
                        f"{joined_line(error)})") from None
-    matrix = sp.csr_matrix(matrix, dtype=np.float64)
+    try:   # load_npz does not check the structure: an indptr that disagrees with the indices would fail later
+        matrix = sp.csr_matrix(matrix, dtype=np.float64)
+        matrix.check_format(full_check=True)
+    except (ValueError, RuntimeError, IndexError, TypeError) as error:
+        raise XmcError(f"{path} is not a consistent sparse matrix ({joined_line(error)}); save it again with "
+                       "scipy.sparse.save_npz") from None
     if not np.all(np.isfinite(matrix.data)):
         raise XmcError(f"{path} holds scores that are not finite numbers (NaN or infinite); fix the system's output")
     return matrix
@@ -1045,6 +1050,10 @@ def _column_names(path: Path, labels_file: Path | None, num_columns: int, datase
                        "per column, in column order")
     if len(set(names)) != len(names):
         raise XmcError(f"{labels_file} names a label twice; one name per column")
+    if names and not set(names) & set(dataset.label_names):
+        raise XmcError(f"none of the {len(names)} label names in {labels_file} (e.g. {names[0]!r}) is a label of "
+                       f"{dataset.name} (e.g. {dataset.label_names[0]!r}): every prediction would miss; give the "
+                       "file that names the matrix's columns with the dataset's label names")
     return names
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -31,15 +33,40 @@ def umask_mode(folder: bool = False) -> int:
     return (0o777 if folder else 0o666) & ~mask
 
 
+_OS_ERROR_CODE = re.compile(r"\(os error (\d+)\)")
+
+
+@contextlib.contextmanager
+def write_errors_as_os_errors(path: Path):
+    """Inside the block, a library's report of a failed write (safetensors' SafetensorError "... No space
+    left on device (os error 28)") is raised as the OSError it stands for, about `path`, so that it ends in
+    the one line every OSError gets (a full disk, a read-only folder); an OSError that names no file (a
+    write() on an open file) gets `path`; other errors pass as they are."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None or error.errno is None:
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from error
+    except Exception as error:
+        match = _OS_ERROR_CODE.search(str(error)) if type(error).__name__ == "SafetensorError" else None
+        if match is None:
+            raise
+        code = int(match.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from error
+
+
 def atomic_write(path: Path, write) -> None:
     """Call write(file_path) on a temporary file beside `path`, fsync it, then rename it over `path`,
-    so a reader never sees a partly written file."""
+    so a reader never sees a partly written file. A write that fails for lack of space or permission
+    raises OSError, whichever library wrote (write_errors_as_os_errors)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(handle)
     try:
-        write(Path(temporary))
+        with write_errors_as_os_errors(path):
+            write(Path(temporary))
         with open(temporary, "rb+") as file:
             os.fsync(file.fileno())
         os.chmod(temporary, umask_mode())

@@ -1557,7 +1557,7 @@ def check_executor(factory, options=None, timeout: float = 300.0) -> None:
             return executors.cell_task(name, "lightxml", seed, plan, scratch / folder / name, dataset.version,
                                        scratch / f"{folder}-grid")
 
-        trains, fails, cancelled = tasks = [task(seed, "runs") for seed in range(3)]
+        trains, fails, cancelled = [task(seed, "runs") for seed in range(3)]
         fails.run_dir.mkdir(parents=True)
         (fails.run_dir / "notes.txt").write_text("not a run\n")
         with check.rule("factory(options) must work"):

@@ -3,10 +3,14 @@
 A dataset is a folder with train.csv and test.csv (or .tsv, .jsonl, each optionally .xz/.gz/.bz2), or a
 single file (or a folder holding exactly one such file) split with --test-size.
 
-Label cells: a JSON list (["a", "b"], also a JSON array value in JSON lines) is taken as it is; any other cell
-is split on --label-separator, or, when none is given, on "|" if some label cell of the dataset contains one,
-else on "," if some cell contains one, else on whitespace. Labels are stripped of surrounding whitespace and
-empty ones dropped, so an empty cell is a document without labels.
+Label cells: a JSON list (["a", "b"], also a JSON array value in JSON lines) is taken as it is (its items
+strings or numbers: an object or a nested list is refused, it names no label); any other cell is split on
+--label-separator, or, when none is given, on "|" if some label cell of the dataset contains one, else on
+"," if some cell contains one, else on whitespace. Labels are stripped of surrounding whitespace and empty
+ones dropped, so an empty cell is a document without labels.
+
+Bytes that are not UTF-8 are repaired as U+FFFD and counted, as the raw-text reader counts them: the lines
+(of the file, not rows) that held some, `non_utf8_lines` in the dataset's report.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import csv
 import io
 import json
 import sys
+from itertools import chain
 from pathlib import Path
 
 from xmcbench.data import Dataset, open_binary
@@ -79,10 +84,13 @@ def detect(path: Path) -> bool:
 # ---------------------------------------------------------------------------------------------- reading
 
 class Table:
-    """The cells of one file that a dataset needs: texts (N,), raw label cells (N,), ids (N,) or None."""
+    """The cells of one file that a dataset needs: texts (N,), raw label cells (N,), ids (N,) or None, and
+    the count of the file's lines that held bytes that are not UTF-8."""
 
-    def __init__(self, file: Path, texts: list[str], label_cells: list, ids: list[str] | None) -> None:
+    def __init__(self, file: Path, texts: list[str], label_cells: list, ids: list[str] | None,
+                 non_utf8_lines: int = 0) -> None:
         self.file, self.texts, self.label_cells, self.ids = file, texts, label_cells, ids
+        self.non_utf8_lines = non_utf8_lines
 
 
 def pick_column(file: Path, columns: list[str], chosen: str | None, defaults: tuple[str, ...], what: str,
@@ -105,12 +113,36 @@ def read_table(file: Path, options: FormatOptions) -> Table:
         with open_binary(file) as stream:
             text = io.TextIOWrapper(stream, encoding="utf-8-sig", errors="replace", newline="")
             if kind == "jsonl":
-                return _read_jsonl(file, text, options)
-            return _read_csv(file, text, options, "\t" if kind == "tsv" else ",")
+                table = _read_jsonl(file, text, options)
+            else:
+                table = _read_csv(file, text, options, "\t" if kind == "tsv" else ",")
+        if _has_replacement(table):   # rare: only then read the file again to count the lines repaired
+            table.non_utf8_lines = _non_utf8_lines(file)
+        return table
     except (OSError, EOFError, ValueError) as error:   # ValueError: a corrupt compressed stream (lzma, zlib)
         if isinstance(error, XmcError):
             raise
         raise XmcError(f"cannot read {file}: {error}; check the file, or decompress it by hand") from None
+
+
+def _has_replacement(table: Table) -> bool:
+    """Whether a cell the dataset keeps holds U+FFFD, the character bad UTF-8 is repaired to."""
+    cells = chain(table.texts, table.ids or (), chain.from_iterable(
+        cell if isinstance(cell, list) else (cell,) for cell in table.label_cells))
+    return any(isinstance(cell, str) and "\ufffd" in cell for cell in cells)
+
+
+def _non_utf8_lines(file: Path) -> int:
+    """The lines of a file (ended by \\n) that are not valid UTF-8: a \\n is never part of a multi-byte
+    character, so a line holds whole characters."""
+    count = 0
+    with open_binary(file) as stream:
+        for line in stream:
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                count += 1
+    return count
 
 
 def _read_csv(file: Path, text, options: FormatOptions, delimiter: str) -> Table:
@@ -203,21 +235,38 @@ def choose_separator(cells, given: str | None) -> str | None:
 
 
 def split_cell(cell, separator: str | None) -> list[str]:
-    """A label cell as a list of label names (see the module docstring)."""
+    """A label cell as a list of label names (see the module docstring); a cell that names no label (a JSON
+    object, or a list holding one or a list) is a ValueError saying what it holds."""
     listed = json_list(cell)
     if listed is not None:
+        nested = next((item for item in listed if isinstance(item, (dict, list))), None)
+        if nested is not None:
+            raise ValueError(f"its list holds a JSON {'object' if isinstance(nested, dict) else 'list'} "
+                             f"({json.dumps(nested, ensure_ascii=False)[:60]})")
         labels = ["" if item is None else item if isinstance(item, str) else json.dumps(item) for item in listed]
     elif cell is None:
         return []
     elif isinstance(cell, str):
         labels = cell.split(separator) if separator is not None else cell.split()
+    elif isinstance(cell, dict):
+        raise ValueError(f"it holds a JSON object ({json.dumps(cell, ensure_ascii=False)[:60]})")
     else:   # a number or a boolean in JSON lines: one label
         labels = [json.dumps(cell)]
     return [label for label in (name.strip() for name in labels) if label]
 
 
-def rows_from_cells(cells: list, separator: str | None) -> list[list[str]]:
-    return [split_cell(cell, separator) for cell in cells]
+def rows_from_cells(cells: list, separator: str | None, where: Path) -> list[list[str]]:
+    """Each label cell as a list of label names; a cell that names no label ends in one XmcError line that
+    names `where` (the file) and the document."""
+    rows = []
+    for document, cell in enumerate(cells, start=1):
+        try:
+            rows.append(split_cell(cell, separator))
+        except ValueError as error:
+            raise XmcError(f"{where}: the label cell of document {document} names no label: {error}; a label "
+                           'cell is a list of label names (strings or numbers, e.g. ["a", "b"]) or a string of '
+                           "them") from None
+    return rows
 
 
 def read(path: Path, options: FormatOptions) -> Dataset:
@@ -234,17 +283,21 @@ def read(path: Path, options: FormatOptions) -> Dataset:
             raise XmcError(f"{table.file} is a single file: pass --test-size (a share such as 0.2, or a number of "
                            "rows) to split it into training and test documents, or give train and test files")
         train, test = split_test(len(table.texts), options.test_size, options.seed, table.ids)
-        rows = rows_from_cells(table.label_cells, separator)
+        rows = rows_from_cells(table.label_cells, separator, table.file)
         train_texts, train_rows = [table.texts[i] for i in train], [rows[i] for i in train]
         test_texts, test_rows = [table.texts[i] for i in test], [rows[i] for i in test]
     else:
         if options.test_size is not None:
             raise XmcError(f"{path} has train and test files already; --test-size splits a single file, drop it")
-        train_texts, train_rows = tables["train"].texts, rows_from_cells(tables["train"].label_cells, separator)
-        test_texts, test_rows = tables["test"].texts, rows_from_cells(tables["test"].label_cells, separator)
+        train_texts, train_rows = tables["train"].texts, rows_from_cells(tables["train"].label_cells, separator,
+                                                                         tables["train"].file)
+        test_texts, test_rows = tables["test"].texts, rows_from_cells(tables["test"].label_cells, separator,
+                                                                      tables["test"].file)
     name = stem_of(path) if path.is_file() else path.name
     version = content_version([found[0] for found in files.values()], NAME, options.given())
-    return dataset_from_rows(name, version, train_texts, train_rows, test_texts, test_rows, str(path))
+    repaired = sum(table.non_utf8_lines for table in tables.values())
+    return dataset_from_rows(name, version, train_texts, train_rows, test_texts, test_rows, str(path),
+                             report={"non_utf8_lines": repaired} if repaired else None)
 
 
 # ---------------------------------------------------------------------------------------------- writing

@@ -14,7 +14,7 @@ from xmcbench.data import Dataset
 from xmcbench.errors import XmcError, joined_line
 from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset_from_rows, label_lists, split_test, \
     write_label_table
-from xmcbench_formats.delimited import LABEL_COLUMNS, TEXT_COLUMNS, choose_separator, pick_column, split_cell
+from xmcbench_formats.delimited import LABEL_COLUMNS, TEXT_COLUMNS, choose_separator, pick_column, rows_from_cells
 
 NAME = "hf_datasets"
 EXTRA = "hf"
@@ -80,18 +80,18 @@ def read(path: Path, options: FormatOptions) -> Dataset:
         decode = _label_decoder(table.features[label_column])
         cells = table[label_column]
         ids = [str(value) for value in table[id_column]] if id_column else None
-        tables[split] = (texts, cells, decode, ids)
-    separator = choose_separator([cell for _, cells, decode, _ in tables.values() if decode is None for cell in cells],
-                                 options.label_separator)
+        tables[split] = (texts, cells, decode, ids, where)
+    separator = choose_separator([cell for _, cells, decode, _, _ in tables.values() if decode is None
+                                  for cell in cells], options.label_separator)
 
     def rows(split: str) -> list[list[str]]:
-        _, cells, decode, _ = tables[split]
-        return [decode(cell) if decode is not None else split_cell(cell, separator) for cell in cells]
+        _, cells, decode, _, where = tables[split]
+        return [decode(cell) for cell in cells] if decode is not None else rows_from_cells(cells, separator, where)
 
     files = sorted(file for file in path.rglob("*") if file.is_file())
     version = content_version(files, NAME, options.given())
     if "all" in tables:
-        texts, _, _, ids = tables["all"]
+        texts, _, _, ids, _ = tables["all"]
         if options.test_size is None:
             raise XmcError(f"{path} holds a single split: pass --test-size (a share such as 0.2, or a number of rows) "
                            "to split it into training and test documents")

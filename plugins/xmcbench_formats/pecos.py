@@ -49,6 +49,9 @@ def read(path: Path, options: FormatOptions) -> Dataset:
         labels = load_matrix(labels_file)
         texts = read_texts(text_file) if text_file is not None else []
         features = sp.csr_matrix(load_matrix(feature_file), dtype=np.float32) if feature_file.is_file() else None
+        if features is not None and not np.isfinite(features.data).all():   # as xc_sparse's reader refuses them
+            raise XmcError(f"{feature_file}: a feature value is not a finite number (nan or inf); fix or drop that "
+                           "feature")
         for rows, file in ((len(texts) if texts or text_file else None, text_file),
                            (features.shape[0] if features is not None else None, feature_file)):
             if rows is not None and rows != labels.shape[0]:

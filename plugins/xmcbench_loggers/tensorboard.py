@@ -5,7 +5,8 @@
     validation/<metric>          the validation score of each epoch (e.g. validation/P@5), at the step reached
 
 A resumed run (`--resume`) appends to the same folder; steps logged after its last checkpoint by the
-interrupted session are hidden (SummaryWriter's purge_step), so each step appears once.
+interrupted session are hidden (SummaryWriter's purge_step), so each step appears once. The folder is
+xmcbench.rundir.run_path's: a `tensorboard` that is a symbolic link (to somewhere outside the run) is refused.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from xmcbench.callbacks import TrainingCallback
 from xmcbench.errors import XmcError
+from xmcbench.rundir import run_path
 
 NAME = "tensorboard"
 DESCRIPTION = "TensorBoard scalars (train/loss, train/<part>, validation/<metric>) in RUN_DIR/tensorboard"
@@ -70,4 +72,4 @@ def build(run_dir: Path, config) -> TensorBoardLogger:
     except ImportError as error:
         raise XmcError("the tensorboard logger needs the tensorboard package: "
                        "pip install 'xmcbench[tensorboard]'") from error
-    return TensorBoardLogger(Path(run_dir) / FOLDER, SummaryWriter)
+    return TensorBoardLogger(run_path(run_dir, FOLDER), SummaryWriter)

@@ -14,6 +14,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from xmcbench import api, runner
+from xmcbench.clustering import num_clusters_for
 from xmcbench.registry import build_registry
 from xmcbench.testing import check_component, make_tiny_transformer, tiny_config, write_tiny_dataset
 from xmcbench_cascade.encoder import build_transformer_levels, derived_level_layers, parse_level_layers
@@ -69,11 +70,22 @@ def test_the_derived_tree_reproduces_the_published_one_at_wiki500k_and_scales_do
 
 def test_a_dataset_without_preset_gets_the_derived_tree(tiny_model, dataset):
     plan = runner.plan_run(build_registry(), "cascade", str(dataset), set_options=[f"model_name={tiny_model}"])
-    assert plan.derived["num_clusters"].value == 1 and plan.config.tree_levels == ()
+    labels = plan.statistics.labels   # leaf clusters of about 8 labels: one, on this tiny set
+    assert runner.resolve_num_clusters(plan.config, labels) == tree_for(labels)[0] == 1
+    assert plan.config.tree_levels == ()
     assert "tree_levels" in plan.derived and plan.config.encoder == "transformer-levels"
     # the paper's head_lr 1e-3 goes with its presets' 15 epochs; the derived epochs come with the derived rate
     assert "head_lr" in plan.derived and plan.config.head_lr == plan.derived["head_lr"].value == 1e-2
     assert all(preset["head_lr"] == 1e-3 and preset["epochs"] == 15 for preset in PRESETS.values())
+
+
+def test_a_cluster_size_the_user_sets_wins_over_the_derived_tree(tiny_model, dataset):
+    # README's resolution order: --set wins over anything derived from the dataset, num_clusters included
+    plan = runner.plan_run(build_registry(), "cascade", str(dataset),
+                           set_options=[f"model_name={tiny_model}", "cluster_size=2"])
+    labels = plan.statistics.labels
+    assert plan.config.cluster_size == 2 and "num_clusters" not in plan.derived
+    assert runner.resolve_num_clusters(plan.config, labels) == num_clusters_for(labels, 2) > tree_for(labels)[0]
 
 
 @pytest.mark.slow

@@ -76,13 +76,16 @@ def tree_for(num_labels: int) -> tuple[int, tuple[int, ...], tuple[int, ...], in
 
 
 def derive_tree(statistics: DatasetStatistics, device: DeviceFacts) -> dict[str, Derived]:
-    """The tree of a dataset without a preset (see tree_for)."""
+    """The tree above the leaf clusters of a dataset without a preset (see tree_for). The leaf clusters
+    themselves come from cluster_size, LEAF_SIZE by default (the method's defaults), which gives tree_for's
+    number of leaves: derived as num_clusters, they would override a cluster_size the user sets (--set
+    cluster_size=2), which must win over anything derived."""
     leaves, levels, keep, top_clusters = tree_for(statistics.labels)
     source = f"labels = {statistics.labels}"
     return {
-        "num_clusters": Derived(leaves, source, f"leaf clusters of about {LEAF_SIZE} labels (a power of two)"),
-        "tree_levels": Derived(levels, source, f"up to {MAX_TREE_LEVELS} levels above the leaves, each "
-                                               f"{BRANCHING}x coarser, of at least {MIN_TOP_NODES} nodes"),
+        "tree_levels": Derived(levels, source, f"up to {MAX_TREE_LEVELS} levels above the leaf clusters of about "
+                                               f"{LEAF_SIZE} labels ({leaves}), each {BRANCHING}x coarser, of at "
+                                               f"least {MIN_TOP_NODES} nodes"),
         "level_top": Derived(keep, source, "128, 256 nodes kept (CascadeXML at Wiki-500K), at most a quarter "
                                            "of a level"),
         "top_clusters": Derived(top_clusters, source, "twice the last level's, at most a quarter of the leaves"),
