@@ -5,6 +5,7 @@ and the vocabulary of a method that scores unseen labels (MethodSpec.scores_unse
 from __future__ import annotations
 
 import json
+import shutil
 import types
 from pathlib import Path
 
@@ -136,3 +137,43 @@ def test_a_method_that_scores_unseen_labels_has_them_in_its_vocabulary(tmp_path)
         assert metrics["zero_shot"]["labels"] == 1, "the test-only label counts as zero-shot either way"
         found = runner.predict_texts(run_dir, ["any text"], top_k=9, registry=registry)[0]["labels"]
         assert ("db:nosql" in found) == scores_unseen, "predict serves a label no training document carries"
+
+
+# -- hybrids ---------------------------------------------------------------------------------------------------
+
+def test_a_label_only_one_member_can_score_keeps_its_score():
+    from xmcbench.ensemble import weighted_scores
+
+    labels = [np.array([[0, 1]]), np.array([[0, 2]])]        # label 2 lies beyond the first member's vocabulary
+    normalised = [np.array([[0.9, 0.5]]), np.array([[0.8, 0.7]])]
+    first, second = weighted_scores(labels, normalised, [0.25, 0.75], sizes=[2, 3])
+    assert first.tolist() == [[0.25 * 0.9, 0.25 * 0.5]]
+    assert second[0, 0] == pytest.approx(0.75 * 0.8) and second[0, 1] == pytest.approx(0.7), \
+        "scored by the second member alone: its whole normalised score, not 3/4 of it"
+    same = weighted_scores(labels, normalised, [0.25, 0.75], sizes=[3, 3])
+    assert same[1].tolist() == [[0.75 * 0.8, 0.75 * 0.7]], "one vocabulary: the weighted sum as before"
+
+
+def test_a_weighted_hybrid_of_nested_vocabularies(tmp_path):
+    from xmcbench import ensemble
+
+    data = write_tiny_dataset(tmp_path / "data", train=60, test=30)
+    (data / "test_labels.txt").write_text((data / "test_labels.txt").read_text().replace("db:sql", "db:nosql"))
+    write_tiny_label_texts(data)
+    runs = []
+    for scores_unseen in (False, True):
+        registry = build_registry([("first-labels", first_labels_plugin(scores_unseen))])
+        plan = runner.plan_run(registry, "first-labels", str(data), set_options=["validation_size=12"], seed=0)
+        runs.append(runner.run(plan, tmp_path / f"run-{scores_unseen}", registry=registry, log=lambda line: None))
+    built = ensemble.build_ensemble(runs, tmp_path / "hybrid", fusion="weighted", registry=registry,
+                                    log=lambda line: None)
+    names = json.loads((built / "predictions_labels.json").read_text())
+    assert len(names) == 9 and names[-1] == "db:nosql", "the longest vocabulary, the test-only label last"
+    metrics = json.loads((built / "metrics.json").read_text())
+    assert metrics["zero_shot"]["labels"] == 1
+    reordered = tmp_path / "reordered"
+    shutil.copytree(runs[0], reordered)
+    labels_file = reordered / "model" / "labels.json"
+    labels_file.write_text(json.dumps(list(reversed(json.loads(labels_file.read_text())))))
+    with pytest.raises(XmcError, match="another label vocabulary"):
+        ensemble.vocabulary([ensemble.read_member(reordered), ensemble.read_member(runs[1])])

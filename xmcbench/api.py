@@ -193,7 +193,8 @@ class Predictor:
                                                     description=names[0], tokenizing=names[1]))
         if self._ensemble is None:
             return found[0].labels, found[0].scores
-        return ensembles.fuse([p.labels for p in found], [p.scores for p in found], width, self._ensemble.fusion)
+        return ensembles.fuse([p.labels for p in found], [p.scores for p in found], width, self._ensemble.fusion,
+                              self._ensemble.sizes)
 
     def predict(self, texts: Sequence[str], top_k: int = 10, threshold: float | None = None) -> list[dict]:
         """texts: (N,) str. Returns N dicts {"labels": [name, ...], "scores": [float, ...]}, best first, at most
@@ -276,11 +277,11 @@ def load(path: str | os.PathLike, registry: Registry | None = None) -> Predictor
         models = []
         for member in found.members:
             model, config, names = runner.load_saved_model(member.path, registry)
-            if ensembles.labels_digest(names) != found.label_names_sha256:
+            if names != member.label_names:
                 raise XmcError(f"ensemble member {member.path} has another label vocabulary than the ensemble; "
                                "rebuild the ensemble with `xmcbench ensemble`")
             models.append((model, config))
-        return Predictor(path, models, found.members[0].label_names, found, registry)
+        return Predictor(path, models, found.label_names, found, registry)
     if not path.exists():
         raise XmcError(f"{path} does not exist; pass a run directory or an ensemble directory")
     model, config, names = runner.load_saved_model(path, registry)

@@ -48,7 +48,11 @@ An ensemble directory:
 It is written into a new folder beside --output and swapped in when complete (rundir.written_beside), so a
 build that fails midway (a full disk, Ctrl-C) leaves an earlier ensemble there as it was.
 
-Members must be finished runs sharing one label vocabulary (model/labels.json). Building reuses the
+Members must be finished runs sharing one label vocabulary (model/labels.json), or vocabularies of which each is
+the beginning of the longest: a method that scores unseen labels (a dual encoder) extends the training labels
+with the dataset's test-only ones, in the same order. The ensemble's vocabulary is then the longest, and under
+the weighted rule a label only some members can score (a zero-shot label, outside the others' vocabulary) keeps
+its score: its fused score is divided by the weight of the members that can score it. Building reuses the
 members' saved test predictions when they all have them for the current version of one dataset (each file
 checked by prediction_files.read_predictions: one damaged or changed after its run wrote it is refused);
 otherwise (and always for `evaluate`) every member model predicts the test split, one model at a time.
@@ -206,14 +210,33 @@ def normalise(scores: np.ndarray, quantiles: np.ndarray) -> np.ndarray:
 
 
 def fuse(labels: Sequence[np.ndarray], scores: Sequence[np.ndarray], top_k: int,
-         fusion: Fusion) -> tuple[np.ndarray, np.ndarray]:
-    """Members' top lists -> the ensemble's top-k under a fusion rule; shapes as in combine()."""
+         fusion: Fusion, sizes: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Members' top lists -> the ensemble's top-k under a fusion rule; shapes as in combine(). sizes: each
+    member's vocabulary size (nested vocabularies, see weighted_scores); None: one vocabulary."""
     if fusion.rule == "sum":
         return combine(labels, scores, top_k)
     kept = [m for m, weight in enumerate(fusion.weights) if weight > 0]
+    normalised = [normalise(np.asarray(scores[m])[:, :top_k], fusion.quantiles[m]) for m in kept]
     return combine([np.asarray(labels[m])[:, :top_k] for m in kept],
-                   [fusion.weights[m] * normalise(np.asarray(scores[m])[:, :top_k], fusion.quantiles[m])
-                    for m in kept], top_k)
+                   weighted_scores([np.asarray(labels[m])[:, :top_k] for m in kept], normalised,
+                                   [fusion.weights[m] for m in kept], None if sizes is None else [sizes[m] for m in kept]),
+                   top_k)
+
+
+def weighted_scores(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray], weights: Sequence[float],
+                    sizes: Sequence[int] | None) -> list[np.ndarray]:
+    """Each member's (N, k) normalised scores times its weight, the terms combine() sums. With vocabularies of
+    different sizes (sizes[m]: member m's, each the beginning of the longest), a label beyond some members'
+    vocabulary is scored by the others only: its terms are divided by the weight of the members whose vocabulary
+    holds it, so a zero-shot label one member alone can score keeps that member's normalised score, not a share
+    of it."""
+    if sizes is None or len(set(sizes)) == 1:
+        return [weight * values for weight, values in zip(weights, normalised)]
+    bounds = np.asarray(sizes)[:, None]                                        # (M, 1)
+    thresholds = np.arange(max(sizes) + 1)
+    cover = (np.asarray(weights)[:, None] * (thresholds[None, :] < bounds)).sum(axis=0)   # (L + 1,) by label id
+    return [weight * values / cover[np.where(ids >= 0, ids, max(sizes))].clip(min=1e-12)
+            for weight, values, ids in zip(weights, normalised, labels)]
 
 
 def weight_grid(num_members: int) -> list[tuple[float, ...]]:
@@ -236,19 +259,23 @@ def _objective(metrics: dict) -> float:
 
 
 def choose_weights(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray], truth, inv_propensity: np.ndarray,
-                   top_k: int) -> tuple[list[float], dict, int]:
+                   top_k: int, sizes: Sequence[int] | None = None) -> tuple[list[float], dict, int]:
     """The weights of weight_grid() whose fusion of the members' validation top lists scores best on
     FUSION_OBJECTIVE (ties: closest to equal weights, then the first tried).
 
     labels[m]: (V, k) label ids of member m on the validation rows; normalised[m]: (V, k) its normalised
-    scores; truth: (V, L_total) sparse; inv_propensity: (L_total,). Returns (weights, the chosen fusion's
-    validation P@1 / PSP@5 / objective, number of weight combinations tried)."""
+    scores; truth: (V, L_total) sparse; inv_propensity: (L_total,); sizes: the members' vocabulary sizes (see
+    weighted_scores). Returns (weights, the chosen fusion's validation P@1 / PSP@5 / objective, number of weight
+    combinations tried)."""
     grid = weight_grid(len(labels))
     equal = 1.0 / len(labels)
     best_weights, best_metrics, best_value, best_distance = None, None, -math.inf, math.inf
     for weights in grid:
         kept = [m for m, weight in enumerate(weights) if weight > 0]
-        fused, _ = combine([labels[m] for m in kept], [weights[m] * normalised[m] for m in kept], top_k)
+        fused, _ = combine([labels[m] for m in kept],
+                           weighted_scores([labels[m] for m in kept], [normalised[m] for m in kept],
+                                           [weights[m] for m in kept], None if sizes is None else [sizes[m] for m in kept]),
+                           top_k)
         metrics = evaluate(fused, truth, ks=(1, 5), inv_propensity=inv_propensity)
         value = _objective(metrics)
         distance = sum((weight - equal) ** 2 for weight in weights)
@@ -306,18 +333,23 @@ def read_member(path: Path) -> Member:
     return Member(path, config, label_names, labels_digest(label_names))
 
 
-def _check_vocabulary(members: list[Member], expected_sha256: str | None = None) -> None:
-    first = members[0]
+def vocabulary(members: list[Member], expected_sha256: str | None = None) -> list[str]:
+    """The ensemble's label vocabulary: the longest member's, of which every member's must be the beginning (one
+    vocabulary, or the training labels and a member that adds the test-only ones after them); expected_sha256:
+    the digest ensemble.json recorded for it. Anything else ends in one XmcError line."""
+    longest = max(members, key=lambda member: len(member.label_names))
     for member in members:
-        if expected_sha256 is not None and member.labels_sha256 != expected_sha256:
-            raise XmcError(f"ensemble member {member.path} has another label vocabulary than when the ensemble was "
-                           "built (model/labels.json changed); rebuild the ensemble with `xmcbench ensemble`")
-        if member.labels_sha256 != first.labels_sha256:
-            differ = sorted(set(member.label_names) ^ set(first.label_names))
+        if member.label_names != longest.label_names[:len(member.label_names)]:
+            differ = sorted(set(member.label_names) ^ set(longest.label_names[:len(member.label_names)]))
             detail = f"e.g. {differ[0]!r} is in one and not the other" if differ else "the same labels in another order"
-            raise XmcError(f"ensemble member {member.path} has another label vocabulary than {first.path} "
-                           f"({len(member.label_names)} vs {len(first.label_names)} labels, {detail}): members "
-                           "must be trained on the same labels")
+            raise XmcError(f"ensemble member {member.path} has another label vocabulary than {longest.path} "
+                           f"({len(member.label_names)} vs {len(longest.label_names)} labels, {detail}): members "
+                           "must be trained on the same labels (a method that scores unseen labels may add the "
+                           "test-only ones after them)")
+    if expected_sha256 is not None and labels_digest(longest.label_names) != expected_sha256:
+        raise XmcError(f"ensemble member {longest.path} has another label vocabulary than when the ensemble was "
+                       "built (model/labels.json changed); rebuild the ensemble with `xmcbench ensemble`")
+    return longest.label_names
 
 
 # -- ensemble.json ----------------------------------------------------------------------------------
@@ -330,6 +362,12 @@ class Ensemble:
     top_k: int
     label_names_sha256: str
     fusion: Fusion
+    label_names: list[str] = field(default_factory=list)   # the ensemble's vocabulary (see vocabulary())
+
+    @property
+    def sizes(self) -> list[int]:
+        """The members' vocabulary sizes, for fuse()."""
+        return [len(member.label_names) for member in self.members]
 
 
 def read_ensemble(directory: Path) -> Ensemble:
@@ -350,8 +388,8 @@ def read_ensemble(directory: Path) -> Ensemble:
     base = directory.resolve()
     members = [read_member(Path(ref) if Path(ref).is_absolute() else Path(os.path.normpath(base / ref)))
                for ref in refs]
-    _check_vocabulary(members, sha)
-    return Ensemble(directory, members, refs, top_k, sha, Fusion.from_json(spec.get("fusion"), len(refs), path))
+    names = vocabulary(members, sha)
+    return Ensemble(directory, members, refs, top_k, sha, Fusion.from_json(spec.get("fusion"), len(refs), path), names)
 
 
 # -- scoring and predicting -------------------------------------------------------------------------
@@ -373,15 +411,19 @@ def _score(labels: np.ndarray, dataset, members: list[Member], set_options: Sequ
     """Metrics of test-set top lists (ids in the members' vocabulary) at the first member's eval_ks, with the
     propensities every run and `xmcbench evaluate` use (runner.propensities: the dataset's whole training
     set), so an ensemble's row compares with its members' rows."""
-    from xmcbench.runner import filtered_pairs, propensities, remap_labels, without_filtered_pairs
+    from xmcbench.runner import filtered_pairs, propensities, remap_labels, saved_zero_shot_mask, \
+        without_filtered_pairs
 
-    names = members[0].label_names
+    names = vocabulary(members)
     config = scoring_config(members, set_options)
     weights = propensities(dataset, config, names)
     truth = remap_labels(dataset.test_labels, dataset.label_names, names)
     labels, removal = without_filtered_pairs(labels, filtered_pairs(dataset, "test", names))
+    # a label is zero-shot for the ensemble when no member had a training document for it
+    zero_shot = np.logical_and.reduce([saved_zero_shot_mask(member.path, member.label_names, truth.shape[1])
+                                       for member in members])
     metrics = evaluate(labels, truth, ks=config.eval_ks, inv_propensity=weights.inverse,
-                       label_counts=weights.label_counts)
+                       label_counts=weights.label_counts, zero_shot=zero_shot)
     return {**metrics, **removal, "propensity": weights.record()}
 
 
@@ -390,7 +432,7 @@ def _predict_member(member: Member, texts: list[str], texts_key: str | None, top
     from xmcbench.runner import load_saved_model, predict_saved_model
 
     model, config, label_names = load_saved_model(member.path, registry)
-    if labels_digest(label_names) != expected_sha256:
+    if label_names != member.label_names:
         raise XmcError(f"ensemble member {member.path} has another label vocabulary than the ensemble; rebuild "
                        "the ensemble with `xmcbench ensemble`")
     config.top_k = top_k
@@ -403,7 +445,8 @@ def _predict_test(members: list[Member], dataset, top_k: int, registry: Registry
     """Every member predicts the dataset's test split (one model in memory at a time); fused top-k."""
     found = [_predict_member(m, dataset.test_texts, f"{dataset.version}/test", top_k, registry, sha,
                              description="predicting test") for m in members]
-    return fuse([p.labels for p in found], [p.scores for p in found], top_k, fusion)
+    return fuse([p.labels for p in found], [p.scores for p in found], top_k, fusion,
+                [len(m.label_names) for m in members])
 
 
 def _saved_predictions(members: list[Member], dataset, top_k: int):
@@ -488,12 +531,13 @@ def fit_fusion(members: list[Member], dataset, top_k: int) -> Fusion:
         if member_quantiles.size == 0:
             raise XmcError(f"ensemble member {member.path} predicted no label for any validation row; it cannot be "
                            "weighed against the others")
-    names = members[0].label_names
+    names = vocabulary(members)
     truth = remap_labels(dataset.train_labels[rows], dataset.label_names, names)
     inv_propensity = propensities(dataset, scoring_config(members), names).inverse
     top_lists = [member_labels[:, :top_k] for member_labels in labels]
     normalised = [normalise(member_scores[:, :top_k], q) for member_scores, q in zip(scores, quantiles)]
-    weights, chosen, tried = choose_weights(top_lists, normalised, truth, inv_propensity, top_k)
+    weights, chosen, tried = choose_weights(top_lists, normalised, truth, inv_propensity, top_k,
+                                            [len(member.label_names) for member in members])
     alone = []
     for member_labels in top_lists:
         metrics = evaluate(member_labels, truth, ks=(1, 5), inv_propensity=inv_propensity)
@@ -555,7 +599,7 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
         if key in seen:
             raise XmcError(f"run {member.path} is given twice (also as {seen[key]}); give each member once")
         seen[key] = member.path
-    _check_vocabulary(members)
+    names = vocabulary(members)
     saved_k = [int(m.config.get("config", {}).get("top_k", 0) or 0) for m in members]
     top_k = top_k if top_k is not None else min(saved_k)
     if top_k < MIN_TOP_K:
@@ -573,7 +617,7 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
 
     registry = registry or build_registry()
     dataset = open_dataset(registry, dataset_ref, data_dir, reading_of(first.config))
-    sha = first.labels_sha256
+    sha = labels_digest(names)
     same_data = all(m.config.get("dataset") == dataset_ref for m in members)
     if fusion == "weighted":
         if not same_data:
@@ -588,7 +632,7 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
     saved = _saved_predictions(members, dataset, top_k) if same_data else None
     started = time.perf_counter()
     if saved is not None:
-        labels, scores = fuse(saved[0], saved[1], top_k, rule)
+        labels, scores = fuse(saved[0], saved[1], top_k, rule, [len(m.label_names) for m in members])
         source = "saved predictions"
     else:
         log("the members' saved test predictions cannot be reused (missing, another dataset or version, or fewer "
@@ -623,7 +667,7 @@ def _write_ensemble(output: Path, members: list[Member], refs: list[str], top_k:
         + ")",
         "dataset": dataset_ref, "dataset_name": dataset.name, "dataset_version": dataset.version,
         "members": refs, "config": first.config.get("config", {}), "fusion": rule.summary(),
-        "resolved": {**first.config.get("resolved", {}), "num_labels": len(first.label_names),
+        "resolved": {**first.config.get("resolved", {}), "num_labels": len(vocabulary(members)),
                      "ensemble_members": len(members), "top_k": top_k, "fusion": rule.rule,
                      "member_methods": [m.method for m in members],
                      "member_seeds": [m.config.get("config", {}).get("seed") for m in members]}})
@@ -641,7 +685,7 @@ def _write_ensemble(output: Path, members: list[Member], refs: list[str], top_k:
         "metrics_from": source})
     write_json(output / "environment.json", environment())
     save_predictions(output / "predictions.safetensors", Predictions(labels, scores, None))
-    save_predictions_npz(output / PREDICTIONS_NPZ, labels, scores, first.label_names)
+    save_predictions_npz(output / PREDICTIONS_NPZ, labels, scores, vocabulary(members))
     write_json(output / "metrics.json", {"dataset": dataset.name, "test_documents": len(dataset.test_texts),
                                          "unseen_test_labels": len(dataset.label_names) - dataset.num_labels,
                                          "members": len(members), "top_k": top_k, "fusion": rule.rule,
@@ -685,8 +729,8 @@ def predict_texts(directory: Path, texts: list[str], top_k: int = 5, registry: R
     width = max(top_k, ensemble.top_k)
     found = [_predict_member(m, texts, None, width, registry, ensemble.label_names_sha256)
              for m in ensemble.members]
-    labels, scores = fuse([p.labels for p in found], [p.scores for p in found], width, ensemble.fusion)
-    names = ensemble.members[0].label_names
+    labels, scores = fuse([p.labels for p in found], [p.scores for p in found], width, ensemble.fusion, ensemble.sizes)
+    names = ensemble.label_names
     return [{"labels": [names[i] for i in row[:top_k] if i >= 0],
              "scores": [round(float(s), 6) for i, s in zip(row[:top_k], values[:top_k]) if i >= 0]}
             for row, values in zip(labels, scores)]
