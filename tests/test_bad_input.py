@@ -25,6 +25,7 @@ from xmcbench.config import SETTING_RANGES
 from xmcbench.data import load_dataset_from_path
 from xmcbench.errors import XmcError
 from xmcbench.metrics import evaluate
+from xmcbench.testing import write_tiny_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -1326,3 +1327,36 @@ def test_stdin_is_split_on_newlines_only(raw):
         return
     expected = raw.count(b"\n") + (1 if raw and not raw.endswith(b"\n") else 0)
     assert len(lines) == expected and all("\n" not in line for line in lines)
+
+
+def test_resume_of_a_whole_method_without_checkpoints(tmp_path):
+    pytest.importorskip("napkinxc")
+    data = write_tiny_dataset(tmp_path / "tiny")
+    run = tmp_path / "run"
+    assert xmcbench("run", "plt", "--dataset", str(data), "--output", str(run)).returncode == 0
+    (run / "metrics.json").unlink()   # as if the fit had been interrupted
+    before = sorted(path.name for path in run.iterdir())
+    assert_one_line_error(xmcbench("run", "--resume", str(run)), "plt keeps no checkpoint while it fits",
+                          "--overwrite")
+    assert sorted(path.name for path in run.iterdir()) == before
+
+
+def test_a_whole_method_on_a_device_it_cannot_use(tmp_path):
+    pytest.importorskip("napkinxc")
+    data = write_tiny_dataset(tmp_path / "tiny")
+    result = xmcbench("run", "plt", "--dataset", str(data), "--output", str(tmp_path / "run"), "--set", "device=cuda")
+    # without a GPU torch refuses cuda first; with one, plt refuses it as a CPU-only method
+    assert_one_line_error(result, "device=cuda")
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_unknown_score_combiner(tmp_path):
+    assert_one_line_error(xmcbench("config", "lightxml", "--set", "score_combiner=max"),
+                          "score_combiner='max' is not one of product, weighted-sum")
+    assert_one_line_error(xmcbench("config", "lightxml", "--set", "ranker_weight=1.5"), "ranker_weight=1.5 is out of range")
+
+
+def test_a_zero_shot_share_out_of_range(tmp_path):
+    assert_one_line_error(xmcbench("config", "lightxml", "--set", "zero_shot_labels=1"),
+                          "zero_shot_labels=1 is out of range")
+
