@@ -52,7 +52,7 @@ def test_the_written_package_installs_and_passes_its_tests(tmp_path):
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q"], cwd=folder, env=environment,
                            capture_output=True, text=True)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
-    assert "6 passed" in tests.stdout
+    assert "7 passed" in tests.stdout
     assert files_under(folder) == before   # the plugin's tests wrote nothing into its folder
 
 

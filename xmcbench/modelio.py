@@ -197,6 +197,9 @@ def save_model_dir(directory: Path, model: XMCModel, config: TrainConfig, label_
     directory = Path(directory)
     # converted before anything is written: a bad setting or an overflow leaves no half-written directory
     tensors, dropped = stored_tensors(model, storage_dtype(config.storage_dtype))
+    if directory.exists():   # a model saved here before: a folder holds exactly what model.json lists
+        (directory / "model.json").unlink(missing_ok=True)   # first, so a folder cut short never reads as a model
+        shutil.rmtree(directory)
     directory.mkdir(parents=True, exist_ok=True)
     encoder_dir = directory / ENCODER_FOLDER
     encoder_params = model.encoder.export(encoder_dir)
@@ -209,7 +212,6 @@ def save_model_dir(directory: Path, model: XMCModel, config: TrainConfig, label_
         files.append(save_label_info(directory, label_info).name)
     for name, component in _components_with_files(model).items():
         folder = directory / COMPONENTS_FOLDER / name
-        shutil.rmtree(folder, ignore_errors=True)   # a resumed save starts its component files afresh
         folder.mkdir(parents=True)
         component.save_files(folder)
     for folder in (encoder_dir, directory / COMPONENTS_FOLDER):
