@@ -13,10 +13,13 @@ from torch import nn
 from xmcbench import label_index
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import Retriever
-from xmcbench.label_index import LabelIndex
+from xmcbench.label_index import LabelIndex, ann_library
 from xmcbench.testing import check_recaller, tiny_config
 
-faiss = pytest.importorskip("faiss", reason="the approximate index needs the `ann` extra (faiss-cpu)")
+faiss = ann_library()
+needs_faiss = pytest.mark.skipif(faiss is None, reason="the approximate index needs the `ann` extra (faiss-cpu)")
+# exact_below values: 0 builds the graph at any size, 10,000 searches these small sets exactly
+GRAPH_OR_EXACT = [pytest.param(0, marks=needs_faiss, id="graph"), pytest.param(10_000, id="exact")]
 
 
 def clustered(rows: int, dim: int, seed: int, centres: int = 30) -> torch.Tensor:
@@ -69,6 +72,7 @@ def test_exact_search_over_label_chunks_is_brute_force(vectors, queries, monkeyp
     torch.testing.assert_close(scores, expected_scores)
 
 
+@needs_faiss
 def test_the_approximate_index_finds_the_true_neighbours_and_scores_them_exactly(vectors, queries, approximate):
     assert not approximate.exact
     labels, scores = approximate.search(queries, 100)
@@ -80,6 +84,7 @@ def test_the_approximate_index_finds_the_true_neighbours_and_scores_them_exactly
     assert torch.equal(labels[:, 0], brute_force(vectors, queries, 1)[0][:, 0])
 
 
+@needs_faiss
 def test_the_graph_is_used_from_exact_below_labels_on(vectors):
     assert LabelIndex.build(vectors, exact_below=len(vectors)).graph is not None
     assert LabelIndex.build(vectors, exact_below=len(vectors) + 1).exact
@@ -97,6 +102,7 @@ def test_without_faiss_the_search_is_exact_with_a_note(vectors, queries, monkeyp
     assert torch.equal(index.search(queries, 5)[0], brute_force(vectors, queries, 5)[0])
 
 
+@needs_faiss
 def test_the_same_seed_builds_the_same_graph_and_another_seed_another(vectors):
     def graph_bytes(seed):
         return bytes(faiss.serialize_index(LabelIndex.build(vectors, seed=seed, threads=2, exact_below=0).graph))
@@ -105,7 +111,7 @@ def test_the_same_seed_builds_the_same_graph_and_another_seed_another(vectors):
     assert graph_bytes(3) != graph_bytes(4)
 
 
-@pytest.mark.parametrize("exact_below", [0, 10_000])
+@pytest.mark.parametrize("exact_below", GRAPH_OR_EXACT)
 def test_k_larger_than_the_label_count_returns_every_label(exact_below):
     vectors = clustered(30, 8, seed=2)
     queries = clustered(4, 8, seed=3)
@@ -115,13 +121,13 @@ def test_k_larger_than_the_label_count_returns_every_label(exact_below):
     torch.testing.assert_close(scores, brute_force(vectors, queries, 30)[1])
 
 
-@pytest.mark.parametrize("exact_below", [0, 10_000])
+@pytest.mark.parametrize("exact_below", GRAPH_OR_EXACT)
 def test_an_empty_batch_of_queries_finds_nothing(vectors, exact_below):
     labels, scores = LabelIndex.build(vectors[:200], exact_below=exact_below).search(torch.zeros(0, 32), 7)
     assert labels.shape == scores.shape == (0, 7) and labels.dtype == torch.long
 
 
-@pytest.mark.parametrize("exact_below", [0, 10_000])
+@pytest.mark.parametrize("exact_below", GRAPH_OR_EXACT)
 def test_save_and_load_give_the_same_search(vectors, queries, tmp_path, exact_below):
     index = LabelIndex.build(vectors, exact_below=exact_below)
     index.save(tmp_path)
@@ -132,6 +138,7 @@ def test_save_and_load_give_the_same_search(vectors, queries, tmp_path, exact_be
     assert not any(path.suffix in (".pkl", ".pickle", ".pt") for path in tmp_path.iterdir())
 
 
+@needs_faiss
 def test_a_saved_graph_is_searched_exactly_where_faiss_is_missing(vectors, queries, approximate, tmp_path,
                                                                    monkeypatch):
     approximate.save(tmp_path)
@@ -140,6 +147,7 @@ def test_a_saved_graph_is_searched_exactly_where_faiss_is_missing(vectors, queri
     assert loaded.exact and torch.equal(loaded.search(queries, 5)[0], brute_force(vectors, queries, 5)[0])
 
 
+@needs_faiss
 @pytest.mark.parametrize("damage", ["flip a byte of the graph", "truncate the vectors", "remove the layout",
                                     "remove the graph"])
 def test_a_damaged_or_missing_file_ends_in_one_line(approximate, tmp_path, damage):
@@ -177,7 +185,7 @@ class IndexedRetriever(Retriever):
         return self.index.search(representation, top)
 
 
-@pytest.mark.parametrize("exact_below", [0, 10_000])
+@pytest.mark.parametrize("exact_below", GRAPH_OR_EXACT)
 def test_a_retriever_searching_the_index_meets_the_retriever_contract(tiny_model_dir, exact_below):
     check_recaller(lambda config, in_dim, num_labels: IndexedRetriever(in_dim, num_labels, exact_below),
                    tiny_config(tiny_model_dir), num_clusters=40)
