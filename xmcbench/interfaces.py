@@ -257,7 +257,8 @@ class LifecycleEvents:
         """Write the saved model's files of this component into `directory` (it exists and is empty)."""
 
     def load_files(self, directory: Path) -> None:
-        """Read what save_files wrote (called after the weights are loaded)."""
+        """Read what save_files wrote (called after the weights are loaded, the files verified against model.json;
+        a component that wrote nothing may find `directory` missing, as copies of a model drop empty folders)."""
 
 
 def overrides(component: object, event: str) -> bool:

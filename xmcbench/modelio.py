@@ -546,10 +546,9 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
         raise XmcError(f"{weights} holds label clusters that do not match model.json ({num_labels} labels in "
                        f"{num_clusters} clusters): the weights are damaged; {REDO}")
     for name, component in _components_with_files(model).items():
+        # its listed files were verified above; a component that wrote none may find its (empty) folder gone,
+        # as copies of a model (git, archives) drop empty folders
         folder = directory / COMPONENTS_FOLDER / name
-        if not folder.is_dir():
-            raise XmcError(f"{folder} is missing: the files of the model's {name} are not in the model directory; "
-                           f"{REDO}")
         try:
             component.load_files(folder)
         except XmcError as error:

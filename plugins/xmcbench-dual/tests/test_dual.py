@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from xmcbench import runner
+from xmcbench import label_index, runner
 from xmcbench.config import Stage
 from xmcbench.interfaces import EpochContext, LabelClusters
 from xmcbench.registry import build_registry
@@ -59,6 +59,18 @@ def test_the_dual_encoder_composes(registry, tiny_model, options):
 
 def test_ngame_composes_with_its_classifier_stage(registry, tiny_model):
     check_method(registry, "dual-ngame", tiny(tiny_model, "refit_epochs=1"))
+
+
+def test_above_the_exact_threshold_the_index_is_a_saved_graph(registry, tiny_model, monkeypatch, tmp_path):
+    pytest.importorskip("faiss", reason="the approximate index needs the `ann` extra (faiss-cpu)")
+    monkeypatch.setattr(label_index, "EXACT_BELOW", 0)   # the tiny label set is searched through the HNSW graph
+    check_method(registry, "dual", tiny(tiny_model))     # save -> load -> the same predictions, search included
+    data = write_tiny_dataset(tmp_path / "data")
+    write_tiny_label_texts(data)
+    plan = runner.plan_run(registry, "dual", str(data), set_options=tiny(tiny_model, "epochs=1", "threads=1"), seed=0)
+    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    saved = json.loads((run_dir / "model" / "model.json").read_text())["files"]
+    assert {"components/recaller/label_index.faiss", "components/recaller/label_index.json"} <= set(saved)
 
 
 # -- losses --------------------------------------------------------------------------------------------------
@@ -174,3 +186,7 @@ def test_a_run_predicts_from_label_texts(registry, tiny_model, tmp_path):
     assert 0 <= metrics["P@1"] <= 100
     found = runner.predict_texts(run_dir, ["python interpreter module script"], top_k=3, registry=registry)[0]
     assert len(found["labels"]) == 3 and np.all(np.diff(found["scores"]) <= 0)
+    # an exact index writes no file: a copy of the model that drops the empty folder (git does) predicts the same
+    (run_dir / "model" / "components" / "recaller").rmdir()
+    again = runner.predict_texts(run_dir, ["python interpreter module script"], top_k=3, registry=registry)[0]
+    assert again["labels"] == found["labels"]

@@ -12,11 +12,15 @@ the search's (score_combiner weighted-sum).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
 from xmcbench.candidates import positive_targets, unique_per_row
 from xmcbench.config import Option
+from xmcbench import label_index
+from xmcbench.label_index import LAYOUT_FILE, LabelIndex
 from xmcbench.interfaces import Candidates, EpochContext, LabelClusters, LabelInfo, Ranker, Retriever, Sampler, \
     StageContext
 from xmcbench.tokenization import tokenize
@@ -135,30 +139,45 @@ def build_dual_tower(config, in_dim: int, num_labels: int, *, encoder, label_inf
 
 # -- the index prediction searches ------------------------------------------------------------------------------
 
-class LabelIndex(Retriever):
-    """Nearest-neighbour search over every label's normalised text embedding, built by `finalize` (before each
+class LabelIndexRetriever(Retriever):
+    """Nearest-neighbour search over every label's normalised text embedding, rebuilt by `finalize` (before each
     validation and when training ends) from the shared encoder: a document's top labels by cosine similarity, the
-    shortlist the label tower then scores. Exact search: at the label counts of the shipped datasets one matrix
-    product is as fast as an approximate index."""
+    shortlist the label tower then scores. The search is xmcbench.label_index's: exact below its EXACT_BELOW labels
+    (as fast there, and it misses nothing), a seeded HNSW graph above when faiss is installed. The graph is saved
+    in the model folder (save_files); an exact index is rebuilt from the saved vectors when the model is loaded."""
 
-    def __init__(self, num_labels: int, dim: int) -> None:
+    def __init__(self, num_labels: int, dim: int, seed: int, threads: int) -> None:
         super().__init__()
         self.num_clusters = num_labels
+        self.seed, self.threads = seed, threads
         self.register_buffer("label_vectors", torch.zeros(num_labels, dim))   # (L, D) normalised, saved
+        self.index: LabelIndex | None = None
 
     def forward(self, representation: torch.Tensor) -> torch.Tensor:
         return normalized(representation) @ self.label_vectors.T                     # (B, L)
 
     def search(self, representation: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, labels = self(representation).float().topk(min(top, self.num_clusters), dim=1)
-        return labels, logits
+        if self.index is None:   # not finalized since built or loaded: the vectors it holds, searched exactly
+            self.index = LabelIndex(self.label_vectors, threads=self.threads)
+        labels, scores = self.index.search(normalized(representation.float()), top)
+        return labels, scores
 
     def finalize(self, context: EpochContext) -> None:
         self.label_vectors.copy_(normalized(context.label_embeddings()).to(self.label_vectors))
+        self.index = LabelIndex.build(self.label_vectors, seed=self.seed, threads=self.threads,
+                                      exact_below=label_index.EXACT_BELOW)
+
+    def save_files(self, directory: Path) -> None:
+        if self.index is not None and not self.index.exact:   # only a graph is more than the saved vectors
+            self.index.save(directory)
+
+    def load_files(self, directory: Path) -> None:
+        graph_saved = (directory / LAYOUT_FILE).exists()
+        self.index = LabelIndex.load(directory, threads=self.threads) if graph_saved else None
 
 
-def build_label_index(config, in_dim: int, num_labels: int, *, encoder) -> LabelIndex:
-    return LabelIndex(num_labels, encoder.out_dim)
+def build_label_index(config, in_dim: int, num_labels: int, *, encoder) -> LabelIndexRetriever:
+    return LabelIndexRetriever(num_labels, encoder.out_dim, config.seed, config.threads)
 
 
 # -- negatives ----------------------------------------------------------------------------------------------
