@@ -7,7 +7,7 @@ Prints training documents/second, prediction ms/document, and two ratios:
 Both sides run on the same batches, interleaved, so machine noise hits them alike.
 
 A method whose ranker reads the labels' texts through the method's own encoder (a dual encoder's label tower:
-the ranker holds the encoder and the tokenized texts as `encoder`, `text_ids`, `text_mask`) does encoder work on
+the ranker holds the encoder and the tokenized texts as `encoder` and `text_tokens`) does encoder work on
 both towers: its baseline is the encoder's forward+backward on the batch's documents and on the texts of the
 candidates its sampler draws for that batch, as many as the full step encodes. Its sampler first mines hard
 negatives as at an epoch where mining is on (the core's start_epoch, with the document and label embeddings of
@@ -75,7 +75,7 @@ def main() -> None:
     batches = epoch_batches(tokens.lengths, config.batch_size, np.random.default_rng(0),
                             config.length_bucketing)[: args.batches + 2]
     label_tower = model.ranker is not None and getattr(model.ranker, "encoder", None) is model.encoder \
-        and hasattr(model.ranker, "text_ids")
+        and hasattr(model.ranker, "text_tokens")
     if label_tower and overrides(model.sampler, "start_epoch"):   # the candidates of an epoch that mines
         label_tokens = tokenize(list(labels.texts or labels.names), model.encoder.tokenizer, config.max_length, None,
                                 description="tokenizing label texts")
@@ -105,7 +105,8 @@ def main() -> None:
         work = model.encoder(ids, mask).sum()
         if label_tower:   # the label tower's share: the candidates' texts through the same encoder
             texts = candidate_texts[id(batch)]
-            work = work + model.encoder(model.ranker.text_ids[texts], model.ranker.text_mask[texts]).sum()
+            text_ids, text_mask = (t.to(device) for t in model.ranker.text_tokens.batch(texts.cpu().numpy()))
+            work = work + model.encoder(text_ids, text_mask).sum()
         work.backward()
 
     @torch.no_grad()

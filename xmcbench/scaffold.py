@@ -172,10 +172,8 @@ class LabelTextRanker(Ranker):
     def __init__(self, encoder: Encoder, label_texts: list[str], hidden_size: int, max_length: int) -> None:
         super().__init__()
         self.encoder = encoder   # the method's encoder itself, not a copy
-        tokens = tokenize(label_texts, encoder.tokenizer, max_length, None, description=None)
-        ids, mask = tokens.batch(torch.arange(len(label_texts)).numpy())
-        self.register_buffer("text_ids", ids, persistent=False)     # (L, T), rebuilt from the texts on load
-        self.register_buffer("text_mask", mask, persistent=False)
+        # rebuilt from the texts on load; a step pads its candidates' texts to the longest of them only
+        self.text_tokens = tokenize(label_texts, encoder.tokenizer, max_length, None, description=None)
         self.project = nn.Linear(encoder.out_dim, hidden_size)
         self.register_buffer("label_vectors", torch.zeros(len(label_texts), encoder.out_dim))   # saved
 
@@ -184,7 +182,8 @@ class LabelTextRanker(Ranker):
         if not self.training:
             return torch.einsum("bh,bch->bc", text, self.project(self.label_vectors[candidate_labels]))
         unique, inverse = torch.unique(candidate_labels, return_inverse=True)       # (U,), (B, C)
-        labels = self.project(self.encoder(self.text_ids[unique], self.text_mask[unique]))   # (U, h)
+        ids, mask = (part.to(text.device) for part in self.text_tokens.batch(unique.cpu().numpy()))
+        labels = self.project(self.encoder(ids, mask))                               # (U, h)
         return (text @ labels.T).gather(1, inverse)
 
     def finalize(self, context: EpochContext) -> None:

@@ -72,10 +72,8 @@ class DualTower(Ranker):
         super().__init__()
         self.encoder = encoder   # the method's encoder itself (shared), never a copy
         texts = list(label_info.texts or label_info.names)
-        tokens = tokenize(texts, encoder.tokenizer, label_length, None, description=None)
-        ids, mask = tokens.batch(torch.arange(len(texts)).numpy())
-        self.register_buffer("text_ids", ids, persistent=False)      # (L, T): rebuilt from the texts when loaded
-        self.register_buffer("text_mask", mask, persistent=False)
+        # rebuilt from the texts when loaded; a step pads its candidates' texts to the longest of them only
+        self.text_tokens = tokenize(texts, encoder.tokenizer, label_length, None, description=None)
         self.register_buffer("text_vectors", torch.zeros(len(texts), encoder.out_dim))   # (L, D), saved
         self.loss_name, self.tau, self.margin, self.triplet_negatives = loss, tau, margin, triplet_negatives
         # DEXA's free vectors start at 0: a label starts at its text; sparse, so a step updates its candidates' rows
@@ -103,7 +101,8 @@ class DualTower(Ranker):
             return torch.einsum("bd,bcd->bc", document,
                                 self.label_vectors(candidate_labels, self.text_vectors[candidate_labels]))
         unique, inverse = torch.unique(candidate_labels, return_inverse=True)          # (U,), (B, C)
-        text = self.encoder(self.text_ids[unique], self.text_mask[unique])              # (U, D)
+        ids, mask = (part.to(document.device) for part in self.text_tokens.batch(unique.cpu().numpy()))
+        text = self.encoder(ids, mask)                                                  # (U, D)
         return (document @ self.label_vectors(unique, text).T).gather(1, inverse)
 
     def loss(self, logits: torch.Tensor, candidates: Candidates) -> torch.Tensor:
