@@ -19,7 +19,7 @@ from xmcbench.candidates import positive_targets, unique_per_row
 from xmcbench.config import MethodSpec, Stage, TrainConfig
 from xmcbench.errors import XmcError
 from xmcbench.hookspecs import hookimpl
-from xmcbench.interfaces import Candidates, LabelClusters, LabelInfo, Ranker, Retriever, Sampler, call_factory
+from xmcbench.interfaces import Candidates, LabelClusters, Ranker, Retriever, Sampler, call_factory
 from xmcbench.modelio import load_model_dir, model_size
 from xmcbench.registry import build_registry
 from xmcbench.testing import TOPICS, check_component, check_method, tiny_config, write_tiny_dataset, \

@@ -383,6 +383,7 @@ def training_view(dataset: Dataset, config: TrainConfig, spec: MethodSpec, log=p
         keep[chosen] = 0.0
         train_labels = (dataset.train_labels @ sp.diags(keep)).tocsr()
         train_labels.eliminate_zeros()
+        train_labels.sort_indices()   # the product leaves rows unsorted; readers may expect the canonical form
         dataset = dataclasses.replace(dataset, train_labels=train_labels)
         held_out = [dataset.label_names[i] for i in chosen]
         log(f"zero-shot split: {count} of the {len(in_test)} training labels the test set has held out of training "

@@ -23,6 +23,7 @@ from xmcbench.config import resolve_config
 from xmcbench.errors import XmcError
 from xmcbench.registry import build_registry
 from xmcbench.testing import check_whole_method, pickles_in, write_tiny_dataset
+from xmcbench_linear.base import label_matrix
 from xmcbench_linear.features import TfidfFeatures
 from xmcbench_linear.methods import linear_methods
 from xmcbench_linear.omikuji_trees import OmikujiTrees
@@ -206,6 +207,27 @@ def test_documents_without_labels_or_known_words_and_labels_without_documents(na
     model = METHODS[name].whole_method.fit(texts, labels, 3, config, lambda line: None)
     found, _ = model.predict(["python", "", "gtk widget"], 3)
     assert found[:, 0].tolist() == [0, 0, 1] and (found != 2).all()
+
+
+def test_labels_given_out_of_order_or_twice_fit_the_same_model():
+    import scipy.sparse as sp
+
+    def matrix(rows):
+        return sp.csr_matrix((np.ones(sum(map(len, rows)), dtype=np.float32), [label for row in rows for label in row],
+                              np.cumsum([0, *map(len, rows)])), shape=(len(rows), 3))
+
+    texts = ["python gtk", "gtk widget", "python module", "widget module", "python gtk widget", "module"] * 3
+    rows = [[0, 1], [1, 2], [0, 2], [1, 2], [0, 1, 2], [2]] * 3
+    canonical = matrix(rows)
+    # the same labels, each row's ids reversed and its first id stored twice (a column-masked CSR is unsorted)
+    messy = matrix([[*row[::-1], row[0]] for row in rows])
+    assert not messy.has_canonical_format
+    assert label_matrix(messy).has_canonical_format and (label_matrix(messy) != canonical).nnz == 0
+    # napkinXC's PLT crashed the whole process on rows whose ids were not sorted
+    config = resolve_config(METHODS["plt"], "tiny", set_options=["threads=1"])
+    found = [METHODS["plt"].whole_method.fit(texts, labels, 3, config, lambda line: None).predict(texts[:6], 3)
+             for labels in (canonical, messy)]
+    assert np.array_equal(found[0][0], found[1][0]) and np.array_equal(found[0][1], found[1][1])
 
 
 # -- datasets of sparse features (bag of words, no texts) ---------------------------------------------

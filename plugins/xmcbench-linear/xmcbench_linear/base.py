@@ -64,8 +64,18 @@ def top_k_arrays(rows: list[list[tuple[int, float]]], top_k: int) -> tuple[np.nd
     return labels, scores
 
 
+def label_matrix(labels: sp.spmatrix) -> sp.csr_matrix:
+    """(N, L) 0/1 labels -> a float32 CSR copy in canonical form: each row's ids sorted, none twice (napkinXC's
+    PLT crashes the process on a row whose ids are not sorted; a column-masked CSR comes out unsorted)."""
+    matrix = sp.csr_matrix(labels, dtype=np.float32, copy=True)
+    matrix.eliminate_zeros()
+    matrix.sum_duplicates()
+    matrix.data[:] = 1.0
+    return matrix
+
+
 def label_lists(labels: sp.csr_matrix) -> list[list[int]]:
-    """(N, L) 0/1 CSR -> the label ids of each row."""
+    """(N, L) 0/1 CSR in canonical form (label_matrix) -> the label ids of each row, in increasing order."""
     return [labels.indices[labels.indptr[i]:labels.indptr[i + 1]].tolist() for i in range(labels.shape[0])]
 
 
@@ -151,7 +161,7 @@ class LinearMethod(WholeMethod):
         log(f"TF-IDF: {matrix.shape[0]} documents x {matrix.shape[1]} terms, "
             f"{matrix.nnz / max(1, matrix.shape[0]):.0f} per document")
         model = cls(features, num_labels, settings, threads_of(config))
-        model.fit_backend(matrix, sp.csr_matrix(train_labels, dtype=np.float32), config.seed, log)
+        model.fit_backend(matrix, label_matrix(train_labels), config.seed, log)
         return model
 
     @classmethod
@@ -163,7 +173,7 @@ class LinearMethod(WholeMethod):
         log(f"the dataset's features: {matrix.shape[0]} documents x {matrix.shape[1]} columns, "
             f"{matrix.nnz / max(1, matrix.shape[0]):.0f} per document (no TF-IDF)")
         model = cls(None, num_labels, cls.settings_of(config), threads_of(config), num_features=matrix.shape[1])
-        model.fit_backend(matrix, sp.csr_matrix(train_labels, dtype=np.float32), config.seed, log)
+        model.fit_backend(matrix, label_matrix(train_labels), config.seed, log)
         return model
 
     def save(self, folder: Path) -> None:
