@@ -183,6 +183,8 @@ class EpochContext:
 
     stage: the stage under way (at the end of training: the last one); epoch: the 0-based epoch of that stage
         about to begin (at finalize: None).
+    final: at finalize, whether training has ended (the weights that will be saved), not a validation's model:
+        a component may then build what only the saved model needs (e.g. an approximate index, slow to build).
     num_documents: N, the training documents (doc_index values are 0..N-1).
     label_info: the run's LabelInfo (names, texts, training counts, inverse propensities).
     document_embeddings() -> (N, D) float32: the encoder's representation of every training document.
@@ -203,6 +205,7 @@ class EpochContext:
     recalled_clusters: Callable[[int], torch.Tensor]
     encoder: "Encoder"
     cache: dict = field(default_factory=dict, repr=False)   # shared by the copies one event hands out
+    final: bool = False
 
     def document_embeddings(self) -> torch.Tensor:
         """(N, D) float32, computed once per event."""

@@ -257,11 +257,13 @@ def _lifecycle(check: "_Check", component: nn.Module, num_labels: int, dim: int,
 
     stage = Stage("rank", losses=("rank",))
     recalled = torch.rand(NUM_DOCUMENTS, num_clusters, generator=generator).argsort(dim=1)
-    for event in events:
+    # finalize twice: before a validation, then when training ends (EpochContext.final)
+    calls = [(event, final) for event in events for final in ((False, True) if event == "finalize" else (False,))]
+    for event, final in calls:
         context = EpochContext(stage, 0 if event == "start_epoch" else None, NUM_DOCUMENTS, label_info,
                                map_documents=mapped(NUM_DOCUMENTS, documents), map_labels=mapped(num_labels, labels),
                                recalled_clusters=lambda top: recalled[:, :min(top, num_clusters)],
-                               encoder=_FixedEncoder(dim))
+                               encoder=_FixedEncoder(dim), final=final)
         with check.rule(f"{event}(context) must work"):
             getattr(component, event)(context)
 

@@ -241,7 +241,7 @@ class Trainer:
         """Announce the end of training to the components (LifecycleEvents.finalize), with the final weights in
         place: what fit() returns is then ready to predict and to be saved. Leaves the model in eval mode."""
         started = time.perf_counter()
-        self.announce("finalize", self.stages[-1], None)
+        self.announce("finalize", self.stages[-1], None, final=True)
         self.model.eval()
         self.train_seconds += time.perf_counter() - started   # building an index is part of training
 
@@ -253,10 +253,11 @@ class Trainer:
             return validate(candidate)
         return prepared
 
-    def announce(self, event: str, stage: Stage, epoch: int | None, model: XMCModel | None = None) -> None:
+    def announce(self, event: str, stage: Stage, epoch: int | None, model: XMCModel | None = None, *,
+                 final: bool = False) -> None:
         """Call lifecycle event `event` ("start_epoch" or "finalize") on every component of `model` (default: the
         model being trained) that implements it, with one EpochContext whose embeddings are computed at most once
-        for all of them, by that model."""
+        for all of them, by that model (final: EpochContext.final)."""
         model = model if model is not None else self.model
         takers = [(component, depth) for _, component, depth in model.components() if overrides(component, event)]
         if not takers:
@@ -265,7 +266,7 @@ class Trainer:
                               map_documents=lambda function, dim: torch.from_numpy(self._map_documents(
                                   model, self.tokens, function, Output((dim,), np.float32, 0.0))),
                               map_labels=lambda function, dim: self._map_labels(model, function, dim),
-                              recalled_clusters=self._recalled_clusters, encoder=model.encoder)
+                              recalled_clusters=self._recalled_clusters, encoder=model.encoder, final=final)
         for component, depth in takers:
             context = copy.copy(shared)   # the computed embeddings stay shared (EpochContext.cache)
             context.recalled_clusters = lambda top, depth=depth: self._recalled_clusters(top, depth, model)

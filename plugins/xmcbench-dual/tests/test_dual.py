@@ -4,6 +4,7 @@ on schedule, and its presets and derived settings resolve."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -71,6 +72,17 @@ def test_above_the_exact_threshold_the_index_is_a_saved_graph(registry, tiny_mod
     run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     saved = json.loads((run_dir / "model" / "model.json").read_text())["files"]
     assert {"components/recaller/label_index.faiss", "components/recaller/label_index.json"} <= set(saved)
+
+
+def test_validations_search_exactly_and_the_graph_is_built_once_training_ends(monkeypatch, tiny_model):
+    pytest.importorskip("faiss", reason="the approximate index needs the `ann` extra (faiss-cpu)")
+    monkeypatch.setattr(label_index, "EXACT_BELOW", 0)
+    retriever = build_label_index(tiny_config(tiny_model), 32, 40, encoder=type("E", (), {"out_dim": 8})())
+    context = epoch_context(None, torch.randn(6, 8), torch.randn(40, 8))
+    retriever.finalize(context)                                  # before a validation
+    assert retriever.index.exact
+    retriever.finalize(dataclasses.replace(context, final=True))   # training has ended: the saved model's graph
+    assert not retriever.index.exact
 
 
 # -- losses --------------------------------------------------------------------------------------------------
