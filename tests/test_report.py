@@ -275,6 +275,35 @@ def test_head_and_tail_table_and_figure(results, tmp_path):
     assert {row["method"]: row["n_seeds"] for row in rows} == {"lightxml": 2, "lightxml-static": 3}
 
 
+def test_zero_shot_section(results, tmp_path):
+    """lightxml's seeds recorded R@5 10, 20, 30 over 40 unseen labels; lightxml-static recorded 0 (it cannot score
+    them) on two seeds and nothing on the third (a run made before the figures existed)."""
+    for method in ("lightxml", "lightxml-static"):
+        for seed in range(3):
+            path = results / method / f"seed{seed}" / "metrics.json"
+            metrics = json.loads(path.read_text())
+            if method == "lightxml-static" and seed == 2:
+                continue
+            found = 10.0 * (seed + 1) if method == "lightxml" else 0.0
+            metrics["zero_shot"] = {"labels": 40, "documents": 25, "positives": 50, "P@1": found / 2, "R@5": found}
+            path.write_text(json.dumps(metrics))
+    runs = report.load_runs([results], log=lambda line: None)
+    [(dataset, table)] = report.render_zero_shot(runs)
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in table.splitlines()[2:]}
+    assert [cell.strip() for cell in table.splitlines()[0].split("|")[5:7]] == ["P@1", "R@5"]
+    assert rows["lightxml"] == ["3", "40", "50", "10.00 ± 5.00", "20.00 ± 10.00"]
+    assert rows["lightxml-static"] == ["2", "40", "50", "0.00 ± 0.00", "0.00 ± 0.00"]
+    assert "## Zero-shot labels" in report.write_report(runs, tmp_path / "report").read_text()
+    # no run recorded any: no section
+    for path in results.rglob("metrics.json"):
+        metrics = json.loads(path.read_text())
+        metrics.pop("zero_shot", None)
+        path.write_text(json.dumps(metrics))
+    assert "## Zero-shot" not in report.write_report(report.load_runs([results], log=lambda line: None),
+                                                      tmp_path / "again").read_text()
+
+
 def test_model_size_falls_back_to_the_size_recorded_when_the_run_finished(results):
     """Runs trained on another machine and copied without their weights still report their model size."""
     seed0 = results / "lightxml" / "seed0"

@@ -109,6 +109,7 @@ class RunResult:
     frequency_bins: dict | None = None   # metrics.json "frequency_bins" (xmcbench.metrics.evaluate), if recorded
     propensity: dict | None = None       # metrics.json "propensity" (runner.Propensities.record), if recorded
     filtered_pairs: dict | None = None   # metrics.json "filtered_pairs" (runner.without_filtered_pairs), if any
+    zero_shot: dict | None = None        # metrics.json "zero_shot" (xmcbench.metrics.evaluate), if recorded
 
     @functools.cached_property
     def top1(self) -> dict | None:
@@ -226,7 +227,8 @@ def read_run(path: Path) -> RunResult:
         model_bytes=model_bytes(path) or _recorded_model_bytes(timings),
         frequency_bins=_frequency_bins_of(metrics.get("frequency_bins")),
         propensity=metrics["propensity"] if isinstance(metrics.get("propensity"), dict) else None,
-        filtered_pairs=metrics["filtered_pairs"] if isinstance(metrics.get("filtered_pairs"), dict) else None)
+        filtered_pairs=metrics["filtered_pairs"] if isinstance(metrics.get("filtered_pairs"), dict) else None,
+        zero_shot=metrics["zero_shot"] if isinstance(metrics.get("zero_shot"), dict) else None)
 
 
 def _frequency_bins_of(recorded: Any) -> dict | None:
@@ -918,6 +920,41 @@ def render_frequency_bins(table: dict) -> str:
                     disable_numparse=True)
 
 
+def render_zero_shot(runs: list[RunResult]) -> list[tuple[str, str]]:
+    """Per dataset whose runs recorded zero-shot figures: (dataset, a markdown table with a row per method or
+    variant (as in summarize): its test labels without a training document, their positives, and P@k and R@k
+    counting only those labels, mean ± std over seeds). A method that cannot score such labels has 0 there; a
+    run that recorded no figures (made before they existed) is a dash."""
+    from tabulate import tabulate
+
+    tables = []
+    groups = _groups(runs)
+    for dataset in dict.fromkeys(g.dataset for g in groups if any(r.zero_shot for r in g.runs)):
+        here = [g for g in groups if g.dataset == dataset]
+        columns = sorted({key for g in here for r in g.runs if r.zero_shot for key in r.zero_shot
+                          if _metric_order(key) is not None and key.split("@")[0] in ("P", "R")}, key=_metric_order)
+        body = []
+        for group in here:
+            recorded = [r.zero_shot for r in group.runs if r.zero_shot]
+            if not recorded:
+                body.append([markdown_text(group.label), "0", "—", "—", *["—"] * len(columns)])
+                continue
+
+            def cell(key: str) -> str:
+                values = [float(z.get(key, 0.0)) for z in recorded]
+                return f"{np.mean(values):.2f}" + (f" ± {np.std(values, ddof=1):.2f}" if len(values) > 1 else "")
+
+            def count(key: str) -> str:   # seeds may hold out other labels: their mean
+                return f"{np.mean([float(z.get(key, 0)) for z in recorded]):.0f}"
+
+            body.append([markdown_text(group.label), str(len(recorded)), count("labels"), count("positives"),
+                         *[cell(key) for key in columns]])
+        headers = ["method", "seeds", "labels", "test positives", *columns]
+        tables.append((dataset, tabulate(body, headers=headers, tablefmt="github", disable_numparse=True,
+                                         colalign=["left"] + ["right"] * (len(headers) - 1))))
+    return tables
+
+
 @_plain_text
 def plot_frequency_bins(tables: list[dict], path: Path) -> Figure:
     """Contribution to P@k per bin of training label frequency as grouped bars, one colour per method,
@@ -1171,6 +1208,17 @@ def write_report(runs: list[RunResult], output: Path, baseline: str | None = Non
             if len(bin_tables) > 1:
                 lines += [f"### {markdown_text(table['dataset'])}", ""]
             lines += [render_frequency_bins(table), ""]
+    zero_shot_tables = render_zero_shot(runs)
+    if zero_shot_tables:
+        lines += ["## Zero-shot labels", "",
+                  "Test positives whose label no training document of the model carried (labels held out with "
+                  "`zero_shot_labels`, labels outside the training rows, test-only labels): P@k and R@k counting "
+                  "only those labels, in %, mean ± std over seeds. Only a method that reads label texts can find "
+                  "them; the others have 0.", ""]
+        for dataset, table in zero_shot_tables:
+            if len(zero_shot_tables) > 1:
+                lines += [f"### {markdown_text(dataset)}", ""]
+            lines += [table, ""]
     lines += ["## Figures", "",
               "![Training loss against epochs of training, mean over seeds; dotted lines: stage starts](loss_curves.png)",
               "",
