@@ -215,12 +215,24 @@ def fuse(labels: Sequence[np.ndarray], scores: Sequence[np.ndarray], top_k: int,
     member's vocabulary size (nested vocabularies, see weighted_scores); None: one vocabulary."""
     if fusion.rule == "sum":
         return combine(labels, scores, top_k)
-    kept = [m for m, weight in enumerate(fusion.weights) if weight > 0]
-    normalised = [normalise(np.asarray(scores[m])[:, :top_k], fusion.quantiles[m]) for m in kept]
-    return combine([np.asarray(labels[m])[:, :top_k] for m in kept],
-                   weighted_scores([np.asarray(labels[m])[:, :top_k] for m in kept], normalised,
-                                   [fusion.weights[m] for m in kept], None if sizes is None else [sizes[m] for m in kept]),
-                   top_k)
+    # a member of weight 0 is left out before its scores are normalised
+    normalised = [normalise(np.asarray(member_scores)[:, :top_k], quantiles) if weight > 0 else None
+                  for member_scores, quantiles, weight in zip(scores, fusion.quantiles, fusion.weights)]
+    return weighted_fusion([np.asarray(member_labels)[:, :top_k] for member_labels in labels], normalised,
+                           fusion.weights, sizes, top_k)
+
+
+def weighted_fusion(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray | None], weights: Sequence[float],
+                    sizes: Sequence[int] | None, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The weighted rule's top-k: the members of weight > 0, their (N, k) normalised scores weighted
+    (weighted_scores) and summed per label (combine)."""
+    kept = [m for m, weight in enumerate(weights) if weight > 0]
+
+    def pick(values):
+        return [values[m] for m in kept]
+
+    return combine(pick(labels), weighted_scores(pick(labels), pick(normalised), pick(weights),
+                                                 None if sizes is None else pick(sizes)), top_k)
 
 
 def weighted_scores(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray], weights: Sequence[float],
@@ -271,11 +283,7 @@ def choose_weights(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray
     equal = 1.0 / len(labels)
     best_weights, best_metrics, best_value, best_distance = None, None, -math.inf, math.inf
     for weights in grid:
-        kept = [m for m, weight in enumerate(weights) if weight > 0]
-        fused, _ = combine([labels[m] for m in kept],
-                           weighted_scores([labels[m] for m in kept], [normalised[m] for m in kept],
-                                           [weights[m] for m in kept], None if sizes is None else [sizes[m] for m in kept]),
-                           top_k)
+        fused, _ = weighted_fusion(labels, normalised, weights, sizes, top_k)
         metrics = evaluate(fused, truth, ks=(1, 5), inv_propensity=inv_propensity)
         value = _objective(metrics)
         distance = sum((weight - equal) ** 2 for weight in weights)
@@ -428,7 +436,7 @@ def _score(labels: np.ndarray, dataset, members: list[Member], set_options: Sequ
 
 
 def _predict_member(member: Member, texts: list[str], texts_key: str | None, top_k: int, registry: Registry,
-                    expected_sha256: str, description: str = "predicting") -> Predictions:
+                    description: str = "predicting") -> Predictions:
     from xmcbench.runner import load_saved_model, predict_saved_model
 
     model, config, label_names = load_saved_model(member.path, registry)
@@ -440,10 +448,10 @@ def _predict_member(member: Member, texts: list[str], texts_key: str | None, top
                                tokenizing=f"tokenizing ({member.path.name})")
 
 
-def _predict_test(members: list[Member], dataset, top_k: int, registry: Registry, sha: str,
+def _predict_test(members: list[Member], dataset, top_k: int, registry: Registry,
                   fusion: Fusion) -> tuple[np.ndarray, np.ndarray]:
     """Every member predicts the dataset's test split (one model in memory at a time); fused top-k."""
-    found = [_predict_member(m, dataset.test_texts, f"{dataset.version}/test", top_k, registry, sha,
+    found = [_predict_member(m, dataset.test_texts, f"{dataset.version}/test", top_k, registry,
                              description="predicting test") for m in members]
     return fuse([p.labels for p in found], [p.scores for p in found], top_k, fusion,
                 [len(m.label_names) for m in members])
@@ -637,7 +645,7 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
     else:
         log("the members' saved test predictions cannot be reused (missing, another dataset or version, or fewer "
             f"than {top_k} labels): predicting the test split with every member")
-        labels, scores = _predict_test(members, dataset, top_k, registry, sha, rule)
+        labels, scores = _predict_test(members, dataset, top_k, registry, rule)
         source = "predicted"
     combine_seconds = time.perf_counter() - started
     metrics = _score(labels, dataset, members)
@@ -715,8 +723,7 @@ def evaluate_ensemble(directory: Path, dataset_name: str | None = None, data_dir
         if not isinstance(dataset_name, str):
             raise XmcError(f"{directory} does not say which dataset it was built on; pass --dataset")
     dataset = open_dataset(registry, dataset_name, data_dir, reading)
-    labels, _ = _predict_test(ensemble.members, dataset, ensemble.top_k, registry, ensemble.label_names_sha256,
-                              ensemble.fusion)
+    labels, _ = _predict_test(ensemble.members, dataset, ensemble.top_k, registry, ensemble.fusion)
     return _score(labels, dataset, ensemble.members, set_options)
 
 
@@ -727,8 +734,7 @@ def predict_texts(directory: Path, texts: list[str], top_k: int = 5, registry: R
     ensemble = read_ensemble(directory)
     registry = registry or build_registry()
     width = max(top_k, ensemble.top_k)
-    found = [_predict_member(m, texts, None, width, registry, ensemble.label_names_sha256)
-             for m in ensemble.members]
+    found = [_predict_member(m, texts, None, width, registry) for m in ensemble.members]
     labels, scores = fuse([p.labels for p in found], [p.scores for p in found], width, ensemble.fusion, ensemble.sizes)
     names = ensemble.label_names
     return [{"labels": [names[i] for i in row[:top_k] if i >= 0],
