@@ -194,6 +194,9 @@ class EpochContext:
         function(input_ids (B, T), attention_mask (B, T)) -> (B, dim) over the training documents or the label
         texts (e.g. a tower of the component's own).
     recalled_clusters(top) -> (N, top) long: as StageContext's.
+    ranker: the label-level ranker of the model the event is about (the SWA average at a validation where
+        averaging runs), e.g. for a retriever to search the label vectors that ranker scores with; None in
+        xmcbench.testing's synthetic contexts.
     """
 
     stage: "Stage"
@@ -206,6 +209,7 @@ class EpochContext:
     encoder: "Encoder"
     cache: dict = field(default_factory=dict, repr=False)   # shared by the copies one event hands out
     final: bool = False
+    ranker: "Ranker | None" = None
 
     def document_embeddings(self) -> torch.Tensor:
         """(N, D) float32, computed once per event."""

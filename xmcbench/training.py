@@ -266,7 +266,8 @@ class Trainer:
                               map_documents=lambda function, dim: torch.from_numpy(self._map_documents(
                                   model, self.tokens, function, Output((dim,), np.float32, 0.0))),
                               map_labels=lambda function, dim: self._map_labels(model, function, dim),
-                              recalled_clusters=self._recalled_clusters, encoder=model.encoder, final=final)
+                              recalled_clusters=self._recalled_clusters, encoder=model.encoder, final=final,
+                              ranker=model.ranker)
         for component, depth in takers:
             context = copy.copy(shared)   # the computed embeddings stay shared (EpochContext.cache)
             context.recalled_clusters = lambda top, depth=depth: self._recalled_clusters(top, depth, model)

@@ -14,7 +14,7 @@ import torch
 
 from xmcbench import label_index, runner
 from xmcbench.config import Stage
-from xmcbench.interfaces import EpochContext, LabelClusters
+from xmcbench.interfaces import EpochContext, LabelClusters, LabelInfo
 from xmcbench.registry import build_registry
 from xmcbench.testing import check_component, check_method, make_tiny_transformer, tiny_config, write_tiny_dataset, \
     write_tiny_label_texts
@@ -83,6 +83,33 @@ def test_validations_search_exactly_and_the_graph_is_built_once_training_ends(mo
     assert retriever.index.exact
     retriever.finalize(dataclasses.replace(context, final=True))   # training has ended: the saved model's graph
     assert not retriever.index.exact
+
+
+def test_with_free_vectors_the_index_and_the_miner_use_the_vectors_the_tower_scores_with(tiny_model):
+    # DEXA: a label's score is against text + free vector; an index of the text embeddings alone would shortlist
+    # (and mine) by another similarity than the one scored
+    config = dataclasses.replace(tiny_config(tiny_model), options={"free_vectors": True})
+    encoder = build_transformer_mean(config)
+    names = [f"label{i}" for i in range(12)]
+    info = LabelInfo(names=tuple(names), texts=None, counts=np.ones(12, dtype=np.int64),
+                     inverse_propensities=np.ones(12))
+    tower = build_dual_tower(config, encoder.out_dim, 12, encoder=encoder, label_info=info)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        tower.free.weight.normal_()
+    text = torch.randn(12, encoder.out_dim)
+    context = dataclasses.replace(epoch_context(0, torch.randn(5, encoder.out_dim), text), ranker=tower)
+    scored = tower.all_label_vectors(text)
+    assert not torch.allclose(scored, torch.nn.functional.normalize(text, dim=1), atol=1e-3)
+
+    retriever = build_label_index(config, encoder.out_dim, 12, encoder=encoder)
+    retriever.finalize(context)
+    assert torch.allclose(retriever.label_vectors, scored, atol=1e-6)
+    sampler = IndexNegatives(positives_per_document=0, hard_negatives=4, negatives_per_document=1,
+                             mine_from_epoch=0, refresh_every=1)
+    sampler.start_epoch(context)
+    documents = torch.nn.functional.normalize(context.document_embeddings(), dim=1)
+    assert torch.equal(sampler.mined, (documents @ scored.T).topk(4, dim=1).indices)
 
 
 # -- losses --------------------------------------------------------------------------------------------------

@@ -92,6 +92,11 @@ class DualTower(Ranker):
             vectors = normalized(vectors + self.free(labels))
         return vectors
 
+    def all_label_vectors(self, text: torch.Tensor) -> torch.Tensor:
+        """(L, D) every label's embedding as the tower scores it, from every label's text embedding `text` (L, D)."""
+        labels = torch.arange(len(text), device=self.text_vectors.device)
+        return self.label_vectors(labels, text.to(self.text_vectors))
+
     def forward(self, representation: torch.Tensor, candidate_labels: torch.Tensor) -> torch.Tensor:
         document = normalized(representation)                                           # (B, D)
         if self.classifier is not None and (self.training_classifier or
@@ -116,9 +121,7 @@ class DualTower(Ranker):
     def start_epoch(self, context: EpochContext) -> None:
         if self.training_classifier and context.epoch == 0:   # NGAME: classifiers start at their label embeddings
             with torch.no_grad():
-                labels = torch.arange(len(self.text_vectors), device=self.text_vectors.device)
-                start = self.label_vectors(labels, context.label_embeddings().to(self.text_vectors))
-                self.classifier.weight.copy_(start)
+                self.classifier.weight.copy_(self.all_label_vectors(context.label_embeddings()))
                 self.classifier_trained.fill_(True)
 
     def finalize(self, context: EpochContext) -> None:
@@ -131,6 +134,19 @@ class DualTower(Ranker):
         self.training_classifier = bool(state.get("training_classifier", False))
 
 
+def searched_label_vectors(context: EpochContext) -> torch.Tensor:
+    """(L, D) normalised: the label vectors the model's dual tower scores with (with free vectors: text + free
+    vector), which the index must search and the negatives must be mined from, or the text embeddings under
+    another ranker. Computed once per event (EpochContext.cache)."""
+    if "dual_label_vectors" not in context.cache:
+        text = context.label_embeddings()
+        with torch.no_grad():
+            vectors = (context.ranker.all_label_vectors(text) if isinstance(context.ranker, DualTower)
+                       else normalized(text))
+        context.cache["dual_label_vectors"] = vectors.float().cpu()
+    return context.cache["dual_label_vectors"]
+
+
 def build_dual_tower(config, in_dim: int, num_labels: int, *, encoder, label_info: LabelInfo) -> DualTower:
     values = {option.name: option.value_of(config) for option in RANKER_OPTIONS}
     return DualTower(encoder, label_info, values.pop("label_length") or config.max_length, **values)
@@ -139,7 +155,8 @@ def build_dual_tower(config, in_dim: int, num_labels: int, *, encoder, label_inf
 # -- the index prediction searches ------------------------------------------------------------------------------
 
 class LabelIndexRetriever(Retriever):
-    """Nearest-neighbour search over every label's normalised text embedding, rebuilt by `finalize` (before each
+    """Nearest-neighbour search over every label's vector as the dual tower scores it (searched_label_vectors: its
+    normalised text embedding, plus its free vector with free_vectors), rebuilt by `finalize` (before each
     validation and when training ends) from the shared encoder: a document's top labels by cosine similarity, the
     shortlist the label tower then scores. The search is xmcbench.label_index's: exact below its EXACT_BELOW labels
     (as fast there, and it misses nothing) and for validations; from EXACT_BELOW labels on, the final model's is a
@@ -163,7 +180,7 @@ class LabelIndexRetriever(Retriever):
         return labels, scores
 
     def finalize(self, context: EpochContext) -> None:
-        self.label_vectors.copy_(normalized(context.label_embeddings()).to(self.label_vectors))
+        self.label_vectors.copy_(searched_label_vectors(context).to(self.label_vectors))
         # a validation searches exactly: above EXACT_BELOW labels that costs less than building a graph each time
         # (452 s on one thread at 500,000 labels); the saved model's graph is built once, when training ends
         exact_below = label_index.EXACT_BELOW if context.final else len(self.label_vectors) + 1
@@ -210,7 +227,7 @@ class IndexNegatives(Sampler):
         since = context.epoch - self.mine_from_epoch
         if self.hard_negatives and self.per_document and since >= 0 and since % self.refresh_every == 0:
             documents = normalized(context.document_embeddings())
-            labels = normalized(context.label_embeddings())
+            labels = searched_label_vectors(context)
             top = min(self.hard_negatives, len(labels))
             self.mined = torch.cat([(rows @ labels.T).topk(top, dim=1).indices
                                     for rows in documents.split(4096)])              # bounded memory: 4,096 rows at once
