@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from xmcbench.cli import app
@@ -41,6 +42,17 @@ def test_config_prints_the_resolved_preset_and_overrides():
     assert default["dataset"] == "debian-debtags-mini" and default["num_layers"] == 5
 
 
+def test_version_and_help_start_without_the_heavy_libraries():
+    assert xmcbench("--version").stdout.strip().startswith("xmcbench ")
+    probe = ("import sys\nfrom xmcbench.cli import app\n"
+             "for args in (['--help'], ['--version'], ['run', '--help']):\n"
+             "    try:\n        app(args)\n    except SystemExit:\n        pass\n"
+             "print(sorted(name for name in ('torch', 'transformers', 'sklearn') if name in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
 @pytest.mark.parametrize("args, message", [
     (["run", "lightxm"], "unknown method 'lightxm': did you mean 'lightxml'"),
     (["run", "lightxml", "--set", "epoch=3", "--print-config"], "unknown setting 'epoch': did you mean 'epochs'"),
@@ -75,6 +87,11 @@ def test_run_then_predict_and_evaluate(tiny_model_dir, tiny_dataset, tmp_path):
     assert predicted.returncode == 0, predicted.stderr
     rows = [json.loads(line) for line in predicted.stdout.splitlines()]
     assert len(rows) == 2 and all(len(r["labels"]) == 3 == len(r["scores"]) for r in rows)
+    threaded = cli.invoke(app, ["predict", str(run_dir), "--top-k", "3", "--threads", "2"],
+                          input="python interpreter module\nsql query\n")
+    assert threaded.exit_code == 0, threaded.output
+    assert [json.loads(line)["labels"] for line in threaded.stdout.splitlines()] == [r["labels"] for r in rows]
+    assert torch.get_num_threads() == 2, "predict --threads sets torch's threads (the model trained with 1)"
 
     evaluated = cli.invoke(app, ["evaluate", str(run_dir)])
     assert evaluated.exit_code == 0 and "P@1" in evaluated.output

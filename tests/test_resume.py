@@ -121,6 +121,22 @@ def test_resume_continues_exactly(reference, tiny_model_dir, tmp_path, action, a
     assert not (output / "checkpoints").exists(), "the finished run drops its training checkpoint"
 
 
+def test_resume_takes_this_process_threads_and_keeps_the_run_settings(reference, tiny_model_dir, tmp_path):
+    dataset, _ = reference
+    output = tmp_path / "run"
+    assert xmcbench(*run_args(tiny_model_dir, dataset, output), driver=["interrupt", "5"]).returncode == 130
+    recorded = json.loads((output / "config.json").read_text())
+    assert recorded["config"]["threads"] == 1
+
+    resumed = xmcbench("run", "--resume", str(output), "--threads", "2")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "device cpu, 2 threads" in resumed.stderr
+    assert json.loads((output / "config.json").read_text()) == recorded, "the run's settings and key stay its own"
+    assert (output / "metrics.json").exists()
+    refused = xmcbench("run", "--resume", str(output), "--seed", "2")
+    assert refused.returncode == 2 and "--resume takes only the run directory (and --threads)" in refused.stderr
+
+
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint(reference, tiny_model_dir, tmp_path):
     dataset, _ = reference
     output = tmp_path / "run"

@@ -22,7 +22,7 @@ import datetime
 import math
 import numbers
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -30,7 +30,7 @@ import numpy as np
 
 from xmcbench import ensemble as ensembles
 from xmcbench import runner
-from xmcbench.config import check_top_k
+from xmcbench.config import TrainConfig, check_top_k
 from xmcbench.data import Dataset
 from xmcbench.distributed import is_main_process
 from xmcbench.errors import XmcError
@@ -267,11 +267,14 @@ class Predictor:
         return ensembles._score(labels, dataset, self._ensemble.members, scoring)
 
 
-def load(path: str | os.PathLike, registry: Registry | None = None) -> Predictor:
+def load(path: str | os.PathLike, registry: Registry | None = None, threads: int | None = None) -> Predictor:
     """The model of a run directory (or its model/ folder), or the member models of an ensemble directory,
-    read once (runner.load_saved_model per model) into a Predictor."""
+    read once (runner.load_saved_model per model) into a Predictor. threads: torch CPU threads of its
+    predictions (None: the ones each model trained with)."""
     path = Path(path)
     registry = registry or build_registry()
+    if threads is not None and threads < 1:
+        raise XmcError(f"threads={threads}: give 1 or more torch CPU threads")
     if ensembles.is_ensemble(path):
         found = ensembles.read_ensemble(path)
         models = []
@@ -280,12 +283,16 @@ def load(path: str | os.PathLike, registry: Registry | None = None) -> Predictor
             if names != member.label_names:
                 raise XmcError(f"ensemble member {member.path} has another label vocabulary than the ensemble; "
                                "rebuild the ensemble with `xmcbench ensemble`")
-            models.append((model, config))
+            models.append((model, _with_threads(config, threads)))
         return Predictor(path, models, found.label_names, found, registry)
     if not path.exists():
         raise XmcError(f"{path} does not exist; pass a run directory or an ensemble directory")
     model, config, names = runner.load_saved_model(path, registry)
-    return Predictor(path, [(model, config)], names, None, registry)
+    return Predictor(path, [(model, _with_threads(config, threads))], names, None, registry)
+
+
+def _with_threads(config: TrainConfig, threads: int | None) -> TrainConfig:
+    return config if threads is None else replace(config, threads=threads)
 
 
 # -- a run ------------------------------------------------------------------------------------------
@@ -400,15 +407,20 @@ def train(method: str | None = None, data: Any = None, *, output: str | os.PathL
     (runs/METHOD-in-memory-HASH-TIMESTAMP for data held in memory). overwrite: replace a finished run there.
     data_dir: the folder of user-provided registered datasets (default: $XMCBENCH_DATA_DIR).
     resume: an interrupted run directory to continue from its last checkpoint; it takes no method, data or
-    settings (they are in its config.json). log: where progress lines go (None: nowhere).
+    settings (they are in its config.json) but `threads`, the torch CPU threads of this process (the run's
+    recorded settings and result key stay its own; the last bits of a float may then differ from a run that was
+    never stopped). log: where progress lines go (None: nowhere).
     In the other processes of a torchrun run the Run has only its path: process 0 writes the run's files.
     """
     registry = registry or build_registry()
     log = log or (lambda line: None)
     memory = None
     if resume is not None:
+        threads = settings.pop("threads", None)
         given = _given(method, data, seed, reading, config_file, set_options, settings)
         plan = _resumed_plan(resume, {**given, "output": output is not None})
+        if threads is not None:   # how this process computes, not what the run is: config.json keeps its own
+            plan.config.threads = threads
         output = resume
     else:
         plan, memory = _plan(registry, method, data, seed, config_file, data_dir, reading, set_options, settings)

@@ -8,21 +8,34 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 from tabulate import tabulate
 
-from xmcbench import api, ensemble, runner
-from xmcbench.distributed import is_main_process
-from xmcbench.errors import XmcError
-from xmcbench.formats import FormatOptions
-from xmcbench.metrics import format_metrics
-from xmcbench.training import TrainingInterrupted
-from xmcbench.registry import build_registry
+import xmcbench
+from xmcbench.errors import TrainingInterrupted, XmcError
+
+if TYPE_CHECKING:
+    from xmcbench.formats import FormatOptions
+
+# Each command imports what it needs when it runs: torch, transformers and scikit-learn cost seconds of CPU, and
+# `--help` or `--version` needs none of them.
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Benchmark extreme multi-label text classifiers; LightXML is the reference method.")
+
+
+def print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"xmcbench {xmcbench.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def global_options(version: bool = typer.Option(False, "--version", callback=print_version, is_eager=True,
+                                         help="print the version and exit")) -> None:
+    pass
 
 DatasetOption = typer.Option(None, "--dataset", "-d",
                              help="registered dataset name, or a folder or file in a data format "
@@ -63,7 +76,8 @@ def run_command(method: Optional[str] = typer.Argument(None, help="method name, 
                 output: Optional[Path] = typer.Option(None, "--output", "-o", help="run directory to write"),
                 seed: Optional[int] = typer.Option(None, "--seed", help="random seed (same as --set seed=N)"),
                 threads: Optional[int] = typer.Option(None, "--threads",
-                                                      help="torch CPU threads (same as --set threads=N)"),
+                                                      help="torch CPU threads (same as --set threads=N; with "
+                                                           "--resume, this process's only)"),
                 data_dir: Optional[Path] = DataDirOption,
                 overwrite: bool = typer.Option(False, "--overwrite", help="replace a finished run in --output"),
                 print_config: bool = typer.Option(False, "--print-config",
@@ -76,12 +90,18 @@ def run_command(method: Optional[str] = typer.Argument(None, help="method name, 
                 id_column: Optional[str] = IdColumnOption, test_size: Optional[float] = TestSizeOption,
                 label_texts: Optional[Path] = LabelTextsOption):
     """Train METHOD on a dataset, predict its test set, score it and write a run directory."""
+    from xmcbench import api
+    from xmcbench.distributed import is_main_process
+    from xmcbench.formats import FormatOptions
+    from xmcbench.metrics import format_metrics
+
     reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size,
                              label_texts)
     if resume is not None:
-        if method or dataset or set_options or config_file or output or seed is not None or threads is not None \
+        if method or dataset or set_options or config_file or output or seed is not None \
                 or reading != FormatOptions():
-            raise XmcError("--resume takes only the run directory: the run's settings are in its config.json")
+            raise XmcError("--resume takes only the run directory (and --threads): the run's settings are in its "
+                           "config.json")
     elif method is None:
         raise XmcError("name a method (e.g. `xmcbench run lightxml`) or --resume RUN_DIR")
     threads_setting = {"threads": threads} if threads is not None else {}   # the same as --set threads=N
@@ -111,6 +131,8 @@ def config_command(method: str = typer.Argument(...), dataset: Optional[str] = D
                    label_texts: Optional[Path] = LabelTextsOption):
     """Print the fully resolved configuration of a run without running it: every setting, and for a dataset
     without a preset, the settings derived from its statistics with what each follows from."""
+    from xmcbench import api
+
     reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size,
                              label_texts)
     typer.echo(json.dumps(api.resolved_config(method, dataset, seed=seed, reading=reading, config_file=config_file,
@@ -121,6 +143,8 @@ def format_options(data_format: str | None, text_column: str | None, label_colum
                    label_separator: str | None, id_column: str | None, test_size: float | None,
                    label_texts: Path | None = None) -> FormatOptions:
     """The reading options of a --dataset path, as one FormatOptions."""
+    from xmcbench.formats import FormatOptions
+
     return FormatOptions(format_name=data_format, text_column=text_column, label_column=label_column,
                          label_separator=label_separator, id_column=id_column, test_size=test_size,
                          label_texts=None if label_texts is None else str(label_texts))
@@ -137,8 +161,11 @@ def predict_command(run_dir: Path = typer.Argument(..., help="a run directory (o
                                                                                 "starts with its \"id\""),
                     threshold: Optional[float] = typer.Option(None, "--threshold",
                                                               help="drop labels scoring below this (scores are the "
-                                                                   "method's own: see README, Metrics)")):
+                                                                   "method's own: see README, Metrics)"),
+                    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads [default: "
+                                                                                   "the ones the model trained with]")):
     """Write the top-k labels and scores of each input text as JSON lines."""
+    from xmcbench import api
     from xmcbench.data import lines_of_bytes, read_texts
 
     if input_file is not None:
@@ -151,7 +178,7 @@ def predict_command(run_dir: Path = typer.Argument(..., help="a run directory (o
         if len(ids) != len(texts):
             raise XmcError(f"--ids {ids_file} has {len(ids)} lines but there are {len(texts)} texts; give one id per "
                            "text, line by line")
-    for index, result in enumerate(api.load(run_dir).predict(texts, top_k, threshold)):
+    for index, result in enumerate(api.load(run_dir, threads=threads).predict(texts, top_k, threshold)):
         typer.echo(json.dumps({"id": ids[index], **result} if ids is not None else result, ensure_ascii=False))
 
 
@@ -185,6 +212,10 @@ def evaluate_command(run_dir: Optional[Path] = typer.Argument(None, help="a run 
                                                                           "propensity_a, propensity_b")):
     """Score a saved model (or an ensemble of runs) on a dataset's test split, or, with --predictions, the
     scores of any system."""
+    from xmcbench import api, ensemble
+    from xmcbench.formats import FormatOptions
+    from xmcbench.metrics import format_metrics
+
     reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size,
                              label_texts)
     set_options = list(set_options or [])
@@ -213,6 +244,9 @@ def rescore_command(run_dirs: List[Path] = typer.Argument(..., help="finished ru
                     data_dir: Optional[Path] = DataDirOption):
     """Score runs' saved test predictions again with this version's metrics (e.g. runs made before the
     propensity definition changed) and rewrite their metrics.json; the model files are not needed."""
+    from xmcbench import runner
+    from xmcbench.registry import build_registry
+
     registry = build_registry()
     for run_dir in run_dirs:
         runner.rescore_run(run_dir, data_dir, registry=registry, log=typer.echo)
@@ -232,6 +266,9 @@ def ensemble_command(run_dirs: List[Path] = typer.Argument(..., help="finished r
     """Ensemble saved runs: per document, the members' scores fused over the union of their top-k (summed, the
     paper's Table 3, or normalised and weighted on validation rows); writes a directory that `predict` and
     `evaluate` accept."""
+    from xmcbench import ensemble
+    from xmcbench.metrics import format_metrics
+
     directory = ensemble.build_ensemble(run_dirs, output, top_k, data_dir, overwrite,
                                         log=lambda line: typer.echo(line, err=True), fusion=fusion)
     metrics = json.loads((directory / "metrics.json").read_text())
@@ -246,7 +283,7 @@ def plugins_command(options: bool = typer.Option(False, "--options", help="also 
                                                                           "and method declares")):
     """List the loaded plugins, their packages and versions, the hooks they implement and what each
     registers; then, one line each, the plugins that were not loaded and why."""
-    from xmcbench.registry import DISABLE_AUTOLOAD_ENV, RejectedName
+    from xmcbench.registry import DISABLE_AUTOLOAD_ENV, RejectedName, build_registry
 
     registry = build_registry()
     if options:
@@ -285,7 +322,9 @@ def plugins_command(options: bool = typer.Option(False, "--options", help="also 
 @app.command("datasets")
 def datasets_command(data_dir: Optional[Path] = DataDirOption):
     """List the registered datasets, their sizes and whether their files are present."""
+    from xmcbench import runner
     from xmcbench.data import data_dir_from_env, label_texts_file, resolve_files
+    from xmcbench.registry import build_registry
 
     registry = build_registry()
     where = data_dir_from_env(data_dir)
@@ -312,6 +351,8 @@ def datasets_command(data_dir: Optional[Path] = DataDirOption):
 def formats_command():
     """List the registered data formats a --dataset path may be in, whether each can be written by `convert`,
     and the optional dependencies each needs."""
+    from xmcbench.registry import build_registry
+
     registry = build_registry()
     rows = [[name, "yes" if entry.value.write is not None else "no",
              f"xmcbench[{entry.value.extra}]" if entry.value.extra else "", entry.origin.split(" (")[0],
@@ -333,7 +374,9 @@ def convert_command(source: str = typer.Argument(..., help="registered dataset n
                     data_dir: Optional[Path] = DataDirOption):
     """Read a dataset (with the same reading options as run) and write it in another data format; the folder
     written reads back with the format's defaults."""
+    from xmcbench import runner
     from xmcbench.formats import not_written, write_dataset
+    from xmcbench.registry import build_registry
 
     registry = build_registry()
     registry.format(to)   # an unknown name fails before anything is read
@@ -417,6 +460,7 @@ def compare_command(methods: List[str] = typer.Argument(..., help="methods to co
 
     from xmcbench.compare import compare
     from xmcbench.executors import ExecutorOptions, LocalExecutor, parse_executor_options, with_cell_threads
+    from xmcbench.registry import build_registry
 
     command = shlex.join(["xmcbench", "compare", *sys.argv[2:]]) if sys.argv[1:2] == ["compare"] else None
     registry = build_registry()
@@ -493,6 +537,8 @@ def main() -> None:
     try:
         app()
     except TrainingInterrupted as stop:
+        from xmcbench.distributed import is_main_process
+
         if is_main_process():   # every process of a torchrun run stops; one says so
             typer.echo(f"xmcbench: {stop}", err=True)
         sys.exit(130)

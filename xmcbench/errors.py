@@ -11,6 +11,10 @@ class XmcError(Exception):
     """A user-facing error: the message says what is wrong and how to fix it, in one line."""
 
 
+class TrainingInterrupted(XmcError):
+    """Ctrl-C during training: a checkpoint was written first (the CLI exits with status 130)."""
+
+
 def first_line(text: object) -> str:
     """The first non-blank line of str(text), stripped ("" when there is none)."""
     return next((line.strip() for line in str(text).splitlines() if line.strip()), "")

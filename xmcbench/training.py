@@ -28,7 +28,7 @@ from xmcbench.callbacks import EVENTS, CheckpointCadence, ModelSelection, Stocha
 from xmcbench.config import JOINT_TRAINING, Stage, TrainConfig
 from xmcbench.device import autocast, to_device
 from xmcbench.distributed import Distributed
-from xmcbench.errors import XmcError
+from xmcbench.errors import TrainingInterrupted, XmcError   # TrainingInterrupted: raised here
 from xmcbench.inference import Output, map_documents
 from xmcbench.interfaces import EpochContext, LabelInfo, StageContext, overrides
 from xmcbench.model import XMCModel
@@ -51,10 +51,6 @@ class TrainingLog:
     selected_epoch: int | None = None
     stopped_early: int | None = None   # the epoch after which early stopping ended training
     swa_updates: int = 0
-
-
-class TrainingInterrupted(XmcError):
-    """Ctrl-C during training: a checkpoint was written first."""
 
 
 class Trainer:
