@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,6 +82,72 @@ def test_weighted_fusion_gives_the_weight_to_the_member_that_is_right_on_validat
     # the members swapped: the weights follow the member, not the position
     swapped, _, _ = ensemble.choose_weights(labels[::-1], normalised[::-1], truth, inv_propensity, top_k=5)
     assert swapped == weights[::-1]
+
+
+def members_right_in_different_bins(num_docs=120, num_labels=40, k=5):
+    """Labels 0-19 are the tail (bin 0), 20-39 the head (bin 2); every document has one true label of each. Member
+    "tail" is right in the tail only: it ranks a wrong head label first and the true tail label second; member
+    "head" the other way round. Under one weight per member a wrong label is always first; weights per bin can
+    silence each member where it is wrong."""
+    rng = np.random.default_rng(0)
+    tail_truth, head_truth = rng.integers(0, 20, num_docs), rng.integers(20, 40, num_docs)
+    truth = scipy.sparse.csr_matrix((np.ones(2 * num_docs), (np.repeat(np.arange(num_docs), 2),
+                                                             np.stack([tail_truth, head_truth], 1).ravel())),
+                                    shape=(num_docs, num_labels))
+
+    def member(right, wrong_pool, avoid):
+        wrong = [[label for label in rng.permutation(wrong_pool) if label != bad][:k - 1] for bad in avoid]
+        labels = np.array([[w[0], r, *w[1:]] for r, w in zip(right, wrong)])
+        return labels, np.tile(np.linspace(0.9, 0.5, k), (num_docs, 1))
+
+    tail = member(tail_truth, np.arange(20, 40), head_truth)
+    head = member(head_truth, np.arange(0, 20), tail_truth)
+    label_bins = np.repeat([0, 2], 20)
+    return truth, [tail[0], head[0]], [tail[1], head[1]], label_bins
+
+
+def test_weights_per_bin_take_each_member_where_it_is_right():
+    truth, labels, scores, label_bins = members_right_in_different_bins()
+    inv_propensity = np.ones(truth.shape[1])
+    normalised = [ensemble.normalise(s, ensemble.score_quantiles(l, s, 5)) for l, s in zip(labels, scores)]
+    weights, chosen, _ = ensemble.choose_weights(labels, normalised, truth, inv_propensity, top_k=5)
+    table, per_bin, evaluations = ensemble.choose_bin_weights(labels, normalised, truth, inv_propensity, 5, None,
+                                                              label_bins, weights, searched=[0, 2])
+    assert chosen["P@1"] == 0.0 and per_bin["P@1"] == 100.0 and per_bin["objective"] > chosen["objective"] + 10
+    # the first change that makes every first label right is kept (a later one must score better still)
+    assert table[0, 0] > table[1, 0] or table[1, 2] > table[0, 2], "a member leads the bin where it is right"
+    assert np.allclose(table[:, 1], weights), "a bin that is not searched keeps the one weight per member"
+    assert evaluations > 1
+
+    # the fused scores: a label's terms take its bin's weights
+    rule = ensemble.Fusion("weighted", weights, [ensemble.score_quantiles(l, s, 5) for l, s in zip(labels, scores)],
+                           bin_weights=table.T.tolist(), label_bins=label_bins)
+    fused_labels, _ = ensemble.fuse(labels, scores, 5, rule)
+    metrics = ensemble.evaluate(fused_labels, truth, ks=(1, 5), inv_propensity=inv_propensity)
+    assert (metrics["P@1"] + metrics["PSP@5"]) / 2 == pytest.approx(per_bin["objective"])
+    terms = ensemble.weighted_scores(labels, normalised, table, None, label_bins)
+    first = labels[0][0, 0]
+    assert terms[0][0, 0] == pytest.approx(table[0, label_bins[first]] * normalised[0][0, 0])
+
+    # ensemble.json keeps them; a damaged table is refused in one line
+    spec = json.loads(json.dumps(rule.to_json()))
+    again = ensemble.Fusion.from_json(spec, 2, Path("ensemble.json"))
+    assert again.bin_weights == rule.bin_weights and again.label_bins.tolist() == label_bins.tolist()
+    for damaged in ({**spec, "bin_weights": [[1.0]]}, {**spec, "label_bins": [7] * 40},
+                    {key: value for key, value in spec.items() if key != "label_bins"}):
+        with pytest.raises(XmcError, match="damaged"):
+            ensemble.Fusion.from_json(damaged, 2, Path("ensemble.json"))
+
+
+def test_weights_per_bin_keep_a_zero_shot_label_its_score():
+    # member 1 knows 4 labels, member 2 also a fifth (a zero-shot label, in bin 0); bin 0 weighs member 1 at 0.9
+    labels = [np.array([[0, 1]]), np.array([[4, 0]])]
+    normalised = [np.array([[0.8, 0.6]]), np.array([[0.7, 0.5]])]
+    table = np.array([[0.9, 0.5], [0.1, 0.5]])                          # (members, bins)
+    label_bins = np.array([1, 0, 0, 0, 0])
+    terms = ensemble.weighted_scores(labels, normalised, table, [4, 5], label_bins)
+    assert terms[1][0, 0] == pytest.approx(0.7), "label 4: member 2 alone scores it, its score is kept whole"
+    assert terms[0][0, 0] == pytest.approx(0.5 * 0.8) and terms[1][0, 1] == pytest.approx(0.5 * 0.5)
 
 
 def test_normalisation_makes_the_scale_of_a_member_irrelevant():

@@ -27,7 +27,7 @@ from xmcbench.errors import XmcError
 from xmcbench.executors import Executor, GridContext, LocalExecutor, cell_task, run_grid
 from xmcbench.formats import FormatOptions
 from xmcbench.modelio import file_digest
-from xmcbench.registry import COMPONENT_KINDS, Registry, code_record
+from xmcbench.registry import COMPONENT_KINDS, Registry, code_record, source_digest
 from xmcbench.storage import fingerprint, read_json, write_json
 
 
@@ -190,13 +190,23 @@ def ensemble_members(cells: dict[str, list[Path]], seeds: list[int], fusion: str
     """{ensemble folder name: member runs}. sum: each method's seeds (the paper's ensembles of one method);
     weighted: per seed, every compared method (a hybrid whose weights are chosen on the validation split
     that seed gives all of them), so the hybrid gets one result per seed like a method. A name ends in a
-    hash of its members' folders, which name their settings: other members, another ensemble."""
+    hash of its members' folders, which name their settings, and of the fusion's code (FUSION_CODE): other
+    members or another fusion, another ensemble."""
     if fusion == "sum":
         groups = {f"{method}-x{len(paths)}": paths for method, paths in cells.items() if len(paths) > 1}
     else:
         groups = {f"weighted-{'+'.join(cells)}-seed{seed}": [paths[index] for paths in cells.values()]
                   for index, seed in enumerate(seeds)}
-    return {f"{name}-{fingerprint([path.name for path in paths])[:8]}": paths for name, paths in groups.items()}
+    code = fusion_code_digest()
+    return {f"{name}-{fingerprint([path.name for path in paths], code)[:8]}": paths for name, paths in groups.items()}
+
+
+def fusion_code_digest() -> str:
+    """The version and source digest of the code that fuses and scores ensembles: an ensemble saved by other code
+    is not reused."""
+    from xmcbench import ensemble, metrics
+
+    return f"{xmcbench.__version__}/{source_digest((ensemble.__file__, metrics.__file__))}"
 
 
 def compare(registry: Registry, methods: list[str], dataset: str | None, seeds: list[int], output: Path,

@@ -22,6 +22,11 @@ scores (ties: lower id first).
   always tried) maximising the validation objective (P@1 + PSP@5) / 2 - the aim of a hybrid is to beat each
   member on the frequent labels (P@1) and on the tail (PSP@5) at once. Ties go to the weights closest to
   equal. A member given weight 0 is left out.
+  Weights per bin: then the labels are put in weight bins by their training documents (WEIGHT_BINS: at most 3,
+  4 to 30, more; the counts the members' models saved in model/label_info.json), and each bin holding at least
+  MIN_BIN_POSITIVES validation positives gets weights of its own, by coordinate ascent from the weights above
+  (choose_bin_weights): one member may lead the head and another the tail. They are kept only when they score
+  better on the validation rows than one weight per member; the record says which, and why.
   The validation rows: every member must have `validation_predictions.safetensors` (written by
   `xmcbench run` when validation_size > 0; see xmcbench.runner.save_validation_predictions) over the same
   training rows, i.e. trained with the same seed, validation_size and max_train_docs. Their truth is the
@@ -33,8 +38,10 @@ An ensemble directory:
     ensemble.json             {"schema", "members": [paths, relative to the ensemble directory], "top_k",
                                "label_names_sha256", "fusion": {"rule", "normalisation", and for weighted:
                                "weights" (one per member), "objective", the validation figures, "quantiles"
-                               (per member)}}: all that `predict` and `evaluate` need. Schema 1 for sum
-                               (as before), 2 for weighted (an older xmcbench refuses it instead of summing)
+                               (per member), and with weights per bin "bin_weights" (per bin, per member) and
+                               "label_bins" (each label's bin)}}: all that `predict` and `evaluate` need. Schema 1
+                               for sum (as before), 2 for weighted, 3 for weighted with weights per bin (an older
+                               xmcbench refuses what it cannot fuse right)
     config.json               method "ensemble(m1+m2+...)" (sum) or "weighted-ensemble(m1+m2+...)", dataset
                               and version, member 0's config, the fusion (without quantiles), so a report
                               reads it like a run
@@ -87,12 +94,18 @@ from xmcbench.rundir import written_beside
 from xmcbench.storage import read_json, write_json
 
 ENSEMBLE_FILE = "ensemble.json"
-SCHEMA_VERSION = 2   # 1: sum (the only rule before weighted fusion), 2: weighted
+SCHEMA_VERSION = 3   # 1: sum (the only rule before weighted fusion), 2: weighted, 3: weighted with weights per bin
 MIN_TOP_K = 5   # the default eval_ks go to @5, and weighted fusion chooses its weights on PSP@5
 FUSION_RULES = ("sum", "weighted")
 FUSION_OBJECTIVE = "(P@1 + PSP@5) / 2"
 QUANTILES = 201          # validation-score quantiles kept per member: every half percent
 MAX_GRID_POINTS = 2000   # weight combinations tried at most
+# The weight bins: labels by their training documents, at most 3 (the tail, 0 included), 4 to 30, more (the head).
+# Each bin gets weights of its own where the validation rows hold MIN_BIN_POSITIVES of its labels' positives.
+WEIGHT_BINS = (3, 30)
+WEIGHT_BIN_NAMES = ("0-3", "4-30", ">30")
+MIN_BIN_POSITIVES = 50
+BIN_SEARCH_PASSES = 2
 
 
 # -- the combination rule ---------------------------------------------------------------------------
@@ -142,24 +155,37 @@ def combine(labels: Sequence[np.ndarray], scores: Sequence[np.ndarray], top_k: i
 class Fusion:
     """How the members' scores are fused (see the module docstring). rule "sum": raw scores summed.
     rule "weighted": weights (one per member, >= 0, summing to 1) and quantiles (per member, its (Q,) sorted
-    validation-score quantiles); record: what the weights were chosen on and how well they did."""
+    validation-score quantiles); record: what the weights were chosen on and how well they did. With
+    bin_weights (one list of member weights per weight bin, WEIGHT_BINS) a label's scores are weighted by its
+    bin's weights; label_bins: (L,) the bin of each label of the ensemble's vocabulary."""
 
     rule: str = "sum"
     weights: list[float] | None = None
     quantiles: list[np.ndarray] | None = None
     record: dict = field(default_factory=dict)
+    bin_weights: list[list[float]] | None = None
+    label_bins: np.ndarray | None = None
+
+    def weight_table(self) -> np.ndarray:
+        """(M, B) the weight of each member in each bin; B = 1 without bin weights."""
+        if self.bin_weights is None:
+            return np.asarray(self.weights, dtype=np.float64)[:, None]
+        return np.asarray(self.bin_weights, dtype=np.float64).T
 
     def summary(self) -> dict:
-        """The fusion as config.json and the report show it (no quantiles)."""
+        """The fusion as config.json and the report show it (no quantiles, no label bins)."""
         if self.rule == "sum":
             return {"rule": "sum", "normalisation": "none (raw scores)"}
-        return {"rule": "weighted", "normalisation": "validation-quantiles", "weights": self.weights, **self.record}
+        bins = {} if self.bin_weights is None else {"bin_weights": self.bin_weights}
+        return {"rule": "weighted", "normalisation": "validation-quantiles", "weights": self.weights, **bins,
+                **self.record}
 
     def to_json(self) -> dict:
-        """The fusion as ensemble.json keeps it: the summary, plus the quantiles for weighted."""
+        """The fusion as ensemble.json keeps it: the summary, plus the quantiles (and label bins) for weighted."""
         if self.rule == "sum":
             return self.summary()
-        return {**self.summary(), "quantiles": [[float(value) for value in q] for q in self.quantiles]}
+        bins = {} if self.label_bins is None else {"label_bins": [int(b) for b in self.label_bins]}
+        return {**self.summary(), "quantiles": [[float(value) for value in q] for q in self.quantiles], **bins}
 
     @staticmethod
     def from_json(spec, num_members: int, path: Path) -> "Fusion":
@@ -180,12 +206,29 @@ class Fusion:
             quantiles = [np.asarray(q, dtype=np.float64) for q in quantiles]
         except (TypeError, ValueError):
             raise XmcError(damaged) from None
-        if any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0 or any(
+        if not _valid_weights(weights) or any(
                 q.ndim != 1 or q.size == 0 or not np.all(np.isfinite(q)) or np.any(np.diff(q) < 0) for q in quantiles):
             raise XmcError(damaged)
+        bin_weights, label_bins = spec.get("bin_weights"), spec.get("label_bins")
+        if (bin_weights is None) != (label_bins is None):
+            raise XmcError(damaged)
+        if bin_weights is not None:
+            try:
+                bin_weights = [[float(w) for w in row] for row in bin_weights]
+                label_bins = np.asarray(label_bins, dtype=np.int64)
+            except (TypeError, ValueError):
+                raise XmcError(damaged) from None
+            if not bin_weights or any(len(row) != num_members or not _valid_weights(row) for row in bin_weights) \
+                    or label_bins.ndim != 1 or label_bins.size == 0 or label_bins.min() < 0 \
+                    or label_bins.max() >= len(bin_weights):
+                raise XmcError(damaged)
         record = {key: value for key, value in spec.items()
-                  if key not in ("rule", "normalisation", "weights", "quantiles")}
-        return Fusion("weighted", weights, quantiles, record)
+                  if key not in ("rule", "normalisation", "weights", "quantiles", "bin_weights", "label_bins")}
+        return Fusion("weighted", weights, quantiles, record, bin_weights, label_bins)
+
+
+def _valid_weights(weights: list[float]) -> bool:
+    return all(math.isfinite(w) and w >= 0 for w in weights) and sum(weights) > 0
 
 
 def score_quantiles(labels: np.ndarray, scores: np.ndarray, top_k: int) -> np.ndarray:
@@ -215,40 +258,58 @@ def fuse(labels: Sequence[np.ndarray], scores: Sequence[np.ndarray], top_k: int,
     member's vocabulary size (nested vocabularies, see weighted_scores); None: one vocabulary."""
     if fusion.rule == "sum":
         return combine(labels, scores, top_k)
-    # a member of weight 0 is left out before its scores are normalised
-    normalised = [normalise(np.asarray(member_scores)[:, :top_k], quantiles) if weight > 0 else None
-                  for member_scores, quantiles, weight in zip(scores, fusion.quantiles, fusion.weights)]
+    table = fusion.weight_table()
+    # a member of weight 0 (in every bin) is left out before its scores are normalised
+    normalised = [normalise(np.asarray(member_scores)[:, :top_k], quantiles) if weights.max() > 0 else None
+                  for member_scores, quantiles, weights in zip(scores, fusion.quantiles, table)]
     return weighted_fusion([np.asarray(member_labels)[:, :top_k] for member_labels in labels], normalised,
-                           fusion.weights, sizes, top_k)
+                           table, sizes, top_k, fusion.label_bins)
 
 
-def weighted_fusion(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray | None], weights: Sequence[float],
-                    sizes: Sequence[int] | None, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+def weighted_fusion(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray | None], weights,
+                    sizes: Sequence[int] | None, top_k: int,
+                    label_bins: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The weighted rule's top-k: the members of weight > 0, their (N, k) normalised scores weighted
-    (weighted_scores) and summed per label (combine)."""
-    kept = [m for m, weight in enumerate(weights) if weight > 0]
+    (weighted_scores) and summed per label (combine). weights: (M,) one per member, or (M, B) one per member
+    and weight bin, with label_bins (L,) each label's bin."""
+    table = np.asarray(weights, dtype=np.float64).reshape(len(labels), -1)           # (M, B)
+    kept = [m for m in range(len(labels)) if table[m].max() > 0]
 
     def pick(values):
         return [values[m] for m in kept]
 
-    return combine(pick(labels), weighted_scores(pick(labels), pick(normalised), pick(weights),
-                                                 None if sizes is None else pick(sizes)), top_k)
+    return combine(pick(labels), weighted_scores(pick(labels), pick(normalised), table[kept],
+                                                 None if sizes is None else pick(sizes), label_bins), top_k)
 
 
-def weighted_scores(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray], weights: Sequence[float],
-                    sizes: Sequence[int] | None) -> list[np.ndarray]:
-    """Each member's (N, k) normalised scores times its weight, the terms combine() sums. With vocabularies of
+def weighted_scores(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray], weights,
+                    sizes: Sequence[int] | None, label_bins: np.ndarray | None = None) -> list[np.ndarray]:
+    """Each member's (N, k) normalised scores times its weight, the terms combine() sums. weights: (M,) or
+    (M, B); with B > 1 a label's terms take the weights of its bin (label_bins (L,)). With vocabularies of
     different sizes (sizes[m]: member m's, each the beginning of the longest), a label beyond some members'
     vocabulary is scored by the others only: its terms are divided by the weight of the members whose vocabulary
     holds it, so a zero-shot label one member alone can score keeps that member's normalised score, not a share
     of it."""
-    if sizes is None or len(set(sizes)) == 1:
-        return [weight * values for weight, values in zip(weights, normalised)]
-    bounds = np.asarray(sizes)[:, None]                                        # (M, 1)
-    thresholds = np.arange(max(sizes) + 1)
-    cover = (np.asarray(weights)[:, None] * (thresholds[None, :] < bounds)).sum(axis=0)   # (L + 1,) by label id
-    return [weight * values / cover[np.where(ids >= 0, ids, max(sizes))].clip(min=1e-12)
-            for weight, values, ids in zip(weights, normalised, labels)]
+    table = np.asarray(weights, dtype=np.float64).reshape(len(labels), -1)           # (M, B)
+    nested = sizes is not None and len(set(sizes)) > 1
+    if table.shape[1] == 1:
+        flat = table[:, 0]
+        if not nested:
+            return [weight * values for weight, values in zip(flat, normalised)]
+        bounds = np.asarray(sizes)[:, None]                                    # (M, 1)
+        thresholds = np.arange(max(sizes) + 1)
+        cover = (flat[:, None] * (thresholds[None, :] < bounds)).sum(axis=0)   # (L + 1,) by label id
+        return [weight * values / cover[np.where(ids >= 0, ids, max(sizes))].clip(min=1e-12)
+                for weight, values, ids in zip(flat, normalised, labels)]
+    terms = []
+    for member, (ids, values) in enumerate(zip(labels, normalised)):
+        bins = label_bins[np.where(ids >= 0, ids, 0)]                          # (N, k) each slot's weight bin
+        weight = table[member][bins]                                           # (N, k)
+        if nested:   # the weight, in this label's bin, of the members whose vocabulary holds the label
+            cover = sum(table[other][bins] * (ids < size) for other, size in enumerate(sizes))
+            weight = weight / np.clip(cover, 1e-12, None)
+        terms.append(weight * values)
+    return terms
 
 
 def weight_grid(num_members: int) -> list[tuple[float, ...]]:
@@ -268,6 +329,41 @@ def weight_grid(num_members: int) -> list[tuple[float, ...]]:
 
 def _objective(metrics: dict) -> float:
     return (metrics["P@1"] + metrics["PSP@5"]) / 2
+
+
+def choose_bin_weights(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray], truth,
+                       inv_propensity: np.ndarray, top_k: int, sizes: Sequence[int] | None, label_bins: np.ndarray,
+                       start: Sequence[float], searched: Sequence[int]) -> tuple[np.ndarray, dict, int]:
+    """Weights per bin: from `start` (the weights of choose_weights) in every bin, each bin of `searched` in
+    turn takes the point of weight_grid() that scores best on FUSION_OBJECTIVE over the validation rows, the
+    other bins held, for BIN_SEARCH_PASSES passes (coordinate ascent; a change must beat the current
+    objective). Shapes as in choose_weights; label_bins: (L,) each label's bin. Returns ((M, B) weights, their
+    validation P@1 / PSP@5 / objective, fusions evaluated)."""
+    num_bins = int(label_bins.max()) + 1 if len(label_bins) else 1
+
+    def scored(table):
+        fused, _ = weighted_fusion(labels, normalised, table, sizes, top_k, label_bins)
+        metrics = evaluate(fused, truth, ks=(1, 5), inv_propensity=inv_propensity)
+        return _objective(metrics), {"P@1": metrics["P@1"], "PSP@5": metrics["PSP@5"], "objective": _objective(metrics)}
+
+    table = np.repeat(np.asarray(start, dtype=np.float64)[:, None], num_bins, axis=1)
+    best, best_metrics = scored(table)
+    evaluations, grid = 1, weight_grid(len(labels))
+    for _ in range(BIN_SEARCH_PASSES):
+        changed = False
+        for column in searched:
+            for point in grid:
+                if np.allclose(table[:, column], point):
+                    continue
+                trial = table.copy()
+                trial[:, column] = point
+                value, metrics = scored(trial)
+                evaluations += 1
+                if value > best + 1e-9:
+                    table, best, best_metrics, changed = trial, value, metrics, True
+        if not changed:
+            break
+    return table, best_metrics, evaluations
 
 
 def choose_weights(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray], truth, inv_propensity: np.ndarray,
@@ -544,8 +640,8 @@ def fit_fusion(members: list[Member], dataset, top_k: int) -> Fusion:
     inv_propensity = propensities(dataset, scoring_config(members), names).inverse
     top_lists = [member_labels[:, :top_k] for member_labels in labels]
     normalised = [normalise(member_scores[:, :top_k], q) for member_scores, q in zip(scores, quantiles)]
-    weights, chosen, tried = choose_weights(top_lists, normalised, truth, inv_propensity, top_k,
-                                            [len(member.label_names) for member in members])
+    sizes = [len(member.label_names) for member in members]
+    weights, chosen, tried = choose_weights(top_lists, normalised, truth, inv_propensity, top_k, sizes)
     alone = []
     for member_labels in top_lists:
         metrics = evaluate(member_labels, truth, ks=(1, 5), inv_propensity=inv_propensity)
@@ -553,13 +649,60 @@ def fit_fusion(members: list[Member], dataset, top_k: int) -> Fusion:
     record = {"member_methods": [member.method for member in members], "objective": FUSION_OBJECTIVE,
               "validation_documents": int(len(rows)), "weight_combinations_tried": tried,
               "validation": chosen, "validation_members_alone": alone}
-    return Fusion("weighted", weights, quantiles, record)
+    counts = training_counts(members, len(names))
+    if counts is None:
+        record["bins"] = "one weight per member: a member's model keeps no label_info.json (trained by an older xmcbench)"
+        return Fusion("weighted", weights, quantiles, record)
+    label_bins = np.searchsorted(np.asarray(WEIGHT_BINS), counts, side="left")      # (L,) 0: at most 3 documents
+    known = truth.indices[truth.indices < len(names)]
+    positives = np.bincount(label_bins[known], minlength=len(WEIGHT_BIN_NAMES))
+    searched = [b for b, found in enumerate(positives) if found >= MIN_BIN_POSITIVES]
+    bins = [{"training_documents": name, "validation_positives": int(found)}
+            for name, found in zip(WEIGHT_BIN_NAMES, positives)]
+    if len(searched) < 2:
+        record["bins"] = bins
+        record["bin_weights_chosen"] = (f"no: fewer than two weight bins hold {MIN_BIN_POSITIVES} validation "
+                                        "positives")
+        return Fusion("weighted", weights, quantiles, record)
+    table, per_bin, evaluations = choose_bin_weights(top_lists, normalised, truth, inv_propensity, top_k, sizes,
+                                                     label_bins, weights, searched)
+    record["bins"] = bins
+    record["validation_one_weight_per_member"] = chosen
+    record["bin_fusions_tried"] = evaluations
+    if per_bin["objective"] <= chosen["objective"] + 1e-9:
+        record["bin_weights_chosen"] = "no: weights per bin did not score better on the validation rows"
+        return Fusion("weighted", weights, quantiles, record)
+    record["bin_weights_chosen"] = "yes"
+    record["validation"] = per_bin
+    return Fusion("weighted", weights, quantiles, record, table.T.tolist(), label_bins)
+
+
+def training_counts(members: list[Member], num_labels: int) -> np.ndarray | None:
+    """(L,) the training documents of each label of the ensemble's vocabulary, from the members' saved label
+    information (model/label_info.json; members share their training rows, so they agree; a label beyond a
+    member's vocabulary counts 0 there); None when a member's model keeps none."""
+    from xmcbench.labels import load_label_info
+
+    counts = np.zeros(num_labels, dtype=np.int64)
+    for member in members:
+        info = load_label_info(member.path / "model", member.label_names, "re-run training")
+        if info is None:
+            return None
+        counts[:len(info.counts)] = np.maximum(counts[:len(info.counts)], info.counts)
+    return counts
 
 
 def describe_weights(fusion: Fusion) -> str:
-    """e.g. "lightxml 0.6, plt 0.4"."""
+    """e.g. "lightxml 0.6, plt 0.4", or per weight bin "0-3: lightxml 0.2, plt 0.8; 4-30: ..."."""
     methods = fusion.record.get("member_methods") or [f"member {m + 1}" for m in range(len(fusion.weights))]
-    return ", ".join(f"{method} {weight:g}" for method, weight in zip(methods, fusion.weights))
+
+    def listed(weights):
+        return ", ".join(f"{method} {weight:g}" for method, weight in zip(methods, weights))
+
+    if fusion.bin_weights is None:
+        return listed(fusion.weights)
+    return "; ".join(f"{name} training documents: {listed(weights)}"
+                     for name, weights in zip(WEIGHT_BIN_NAMES, fusion.bin_weights))
 
 
 # -- the commands -----------------------------------------------------------------------------------
@@ -667,8 +810,10 @@ def _write_ensemble(output: Path, members: list[Member], refs: list[str], top_k:
     from xmcbench.runner import PREDICTIONS_NPZ, environment, save_predictions, save_predictions_npz
 
     first = members[0]
-    # schema 1 for sum, which every xmcbench reads right; 2 makes one that predates weighted fusion refuse it
-    write_json(output / ENSEMBLE_FILE, {"schema": 1 if rule.rule == "sum" else 2, "members": refs, "top_k": top_k,
+    # schema 1 for sum, which every xmcbench reads right; 2 makes one that predates weighted fusion refuse it, 3 one
+    # that predates weights per bin (it would fuse with the one weight per member and say nothing)
+    schema = 1 if rule.rule == "sum" else 2 if rule.bin_weights is None else 3
+    write_json(output / ENSEMBLE_FILE, {"schema": schema, "members": refs, "top_k": top_k,
                                         "label_names_sha256": sha, "fusion": rule.to_json()})
     write_json(output / "config.json", {
         "method": ("ensemble(" if rule.rule == "sum" else "weighted-ensemble(") + "+".join(m.method for m in members)

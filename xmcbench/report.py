@@ -1043,9 +1043,19 @@ def _fusion_lines(groups: list[_Group], several_datasets: bool) -> list[str]:
             continue
         per_seed = []
         for seed, fusion in fusions:
-            weights = ", ".join(f"{markdown_text(method)} {weight:g}" if _is_number(weight) else
-                                f"{markdown_text(method)} {markdown_text(weight)}" for method, weight in
-                                zip(fusion.get("member_methods") or [], fusion.get("weights") or []))
+            methods = fusion.get("member_methods") or []
+
+            def listed(weights):
+                return ", ".join(f"{markdown_text(method)} {weight:g}" if _is_number(weight) else
+                                 f"{markdown_text(method)} {markdown_text(weight)}"
+                                 for method, weight in zip(methods, weights or []))
+
+            weights = listed(fusion.get("weights"))
+            bins, bin_weights = fusion.get("bins"), fusion.get("bin_weights")
+            if isinstance(bin_weights, list) and isinstance(bins, list) and len(bins) == len(bin_weights):
+                weights = "per bin of training documents, " + "; ".join(
+                    f"{markdown_text((found or {}).get('training_documents', '?'))}: {listed(row)}"
+                    for found, row in zip(bins, bin_weights))
             chosen = (fusion.get("validation") or {}).get("objective")
             alone = [a.get("objective") for a in fusion.get("validation_members_alone") or []]
             if _is_number(chosen) and alone and all(_is_number(a) for a in alone):
