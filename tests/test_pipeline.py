@@ -98,8 +98,35 @@ def test_gradients_of_both_losses_reach_the_encoder(registry, tiny_model_dir):
 def test_validation_split_selects_an_epoch_without_the_test_set(registry, tiny_model_dir, tiny_dataset, tmp_path):
     plan = runner.plan_run(registry, "lightxml", str(tiny_dataset),
                            set_options=tiny_options(tiny_model_dir, validation_size=8, swa="false"))
-    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    lines = []
+    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lines.append)
     log = json.loads((run_dir / "training_log.json").read_text())
     assert [v["epoch"] for v in log["validation"]] == [1, 2]
     assert log["selected_epoch"] in (1, 2)
-    assert json.loads((run_dir / "config.json").read_text())["resolved"]["train_docs"] == 40
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["resolved"]["train_docs"] == 40
+    # each validation's score is in the log; a run whose best epoch is its last says the budget ended it
+    shown = [line for line in lines if line.startswith("validation after epoch")]
+    assert [line.split(":")[0] for line in shown] == ["validation after epoch 1 of 2", "validation after epoch 2 of 2"]
+    assert all(f"P@5 {v['score']:.2f}" in line for line, v in zip(shown, log["validation"]))
+    capped = log["selected_epoch"] == 2 and log["stopped_early"] is None
+    assert ("budget" in config) == capped == any("still improving" in line for line in lines)
+    if capped:
+        assert config["budget"] == {"epochs": 2, "still_improving": True,
+                                    "validation": [{"epoch": v["epoch"], "score": v["score"]} for v in log["validation"]]}
+
+
+def test_still_improving_means_best_at_the_last_epoch_without_an_early_stop():
+    from types import SimpleNamespace
+
+    from xmcbench.callbacks import still_improving
+
+    def log(scores, stopped=None):
+        best = max(range(len(scores)), key=lambda i: (scores[i], -i)) + 1 if scores else None
+        return SimpleNamespace(validation=[{"epoch": e + 1, "score": s} for e, s in enumerate(scores)],
+                               selected_epoch=best, stopped_early=stopped)
+
+    assert still_improving(log([15.8, 24.4, 26.3, 26.8, 27.7]), 5)
+    assert not still_improving(log([15.8, 27.7, 26.3]), 3)
+    assert not still_improving(log([]), 3), "no validation split: nothing says it was still improving"
+    assert not still_improving(log([1.0, 2.0], stopped=2), 3)

@@ -170,6 +170,25 @@ class ModelSelection(TrainingCallback):
             self.best_score, self.best_state = state["score"], state["state"]
 
 
+class ValidationLog(TrainingCallback):
+    """Writes each validation's score to the run's log, e.g. `validation after epoch 2 of 4: P@5 27.70 (best so
+    far)`; `log` takes one line."""
+
+    def __init__(self, log: Callable[[str], Any], config: "TrainConfig") -> None:
+        self.log, self.config = log, config
+
+    def on_evaluate(self, trainer, record: dict) -> None:
+        best = " (best so far)" if trainer.log.selected_epoch == record["epoch"] else ""
+        self.log(f"validation after epoch {record['epoch']} of {trainer.stage.epochs(self.config)}: "
+                 f"{record['metric']} {record['score']:.2f}{best}")
+
+
+def still_improving(log, epochs: int) -> bool:
+    """Whether a run's validation score was best at its last epoch, with no early stop: the epoch budget, not
+    convergence, ended it. log: the Trainer's TrainingLog."""
+    return bool(log.validation) and log.stopped_early is None and log.selected_epoch == epochs
+
+
 class CheckpointCadence(TrainingCallback):
     """A checkpoint every config.checkpoint_every_steps steps and every config.checkpoint_every_epochs epochs
     (0: never), except after the last epoch, which the end of training checkpoints anyway."""

@@ -34,8 +34,9 @@ def print_version(value: bool) -> None:
 
 @app.callback()
 def global_options(version: bool = typer.Option(False, "--version", callback=print_version, is_eager=True,
-                                         help="print the version and exit")) -> None:
+                                                help="print the version and exit")) -> None:
     pass
+
 
 DatasetOption = typer.Option(None, "--dataset", "-d",
                              help="registered dataset name, or a folder or file in a data format "

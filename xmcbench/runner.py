@@ -37,7 +37,7 @@ from xmcbench.interfaces import LabelClusters, WholeMethod
 from xmcbench.labels import label_info
 from xmcbench.metrics import evaluate, propensity_scores
 from xmcbench.modelio import build_model, load_model_dir, save_model_dir, storage_dtype
-from xmcbench.callbacks import JsonLog
+from xmcbench.callbacks import JsonLog, ValidationLog, still_improving
 from xmcbench.checkpoint import load_checkpoint
 from xmcbench.device import pick_device, seed_everything, set_threads
 from xmcbench.inference import Predictions, predict, recalled_truth
@@ -715,7 +715,8 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
     stages = training_stages(registry.method(plan.method).stages, config)
     trainer = Trainer(model, train_tokens.subset(train_rows), dataset.train_labels[train_rows], config, device,
                       validate, checkpoint_dir=output / "checkpoints", stages=stages, dist=dist,
-                      callbacks=training_loggers(registry, config, output) if dist.is_main else (),
+                      callbacks=[ValidationLog(log, config), *training_loggers(registry, config, output)]
+                      if dist.is_main else (),
                       label_info=run_labels, label_tokens=label_tokens)
     if resume:
         state = load_checkpoint(output / "checkpoints")
@@ -727,6 +728,11 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
     except TrainingInterrupted as stop:
         raise TrainingInterrupted(f"{stop}; continue with: xmcbench run --resume {output}") from None
     trainer.finalize()   # e.g. a retriever builds its label index from the final weights
+    epochs = stages[-1].epochs(config)
+    if dist.is_main and still_improving(trainer.log, epochs):
+        log(f"training ended at its budget of {epochs} epochs while the validation score was still improving: "
+            "more epochs may score better (--set epochs=N; config.json records it)")
+        note_budget(output, epochs, trainer.log)
     train_seconds = trainer.train_seconds
     started = time.perf_counter()
     predictions = predict(model, test_tokens, config, device, description="predicting test", dist=dist)
@@ -745,6 +751,17 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
     if not config.keep_checkpoint:
         shutil.rmtree(output / "checkpoints", ignore_errors=True)
     return claimed.finish()
+
+
+def note_budget(output: Path, epochs: int, log) -> None:
+    """config.json's "budget": training stopped at its epoch cap with the validation score still rising
+    (callbacks.still_improving), the scores per epoch with it."""
+    from xmcbench.storage import read_json
+
+    recorded = read_json(output / "config.json")
+    recorded["budget"] = {"epochs": epochs, "still_improving": True,
+                          "validation": [{"epoch": r["epoch"], "score": r["score"]} for r in log.validation]}
+    write_json(output / "config.json", recorded)
 
 
 def write_run_config(output: Path, plan: Plan, dataset: Dataset, registry: Registry, resolved: dict,
