@@ -1,0 +1,71 @@
+"""Post-hoc logit adjustment (Menon et al., ICLR 2021) of a saved flat run, measured on its test set.
+
+A flat run (one logit per label, e.g. `lightxml` below 30,000 labels) scores label l of a document by its logit
+z_l; the adjustment ranks by z_l - tau * log p_l instead, p_l = (training documents of l + 1) / (N + 2), the
+counts the model saved in model/label_info.json, so rare labels move up by tau times their rarity. The model
+predicts the test set once; every tau re-ranks the same logits. tau = 0 is the run's own ranking (its P@k must
+equal metrics.json's). Nothing is trained, and the run is not changed.
+
+    python benchmarks/logit_adjustment.py RUN_DIR [--tau 0 0.25 0.5 1] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from xmcbench import runner
+from xmcbench.labels import load_label_info
+from xmcbench.metrics import evaluate
+from xmcbench.registry import build_registry
+from xmcbench.tokenization import tokenize
+
+SHOWN = ("P@1", "P@3", "P@5", "PSP@1", "PSP@5")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--tau", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=64)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    registry = build_registry()
+    model, config, names = runner.load_saved_model(args.run_dir, registry)
+    if not model.is_flat:
+        raise SystemExit(f"{args.run_dir} is not a flat run: its recaller scores clusters, not labels")
+    recorded = json.loads((args.run_dir / "config.json").read_text())
+    dataset = runner.open_dataset(registry, recorded["dataset"], None, runner.reading_of(recorded))
+    info = load_label_info(args.run_dir / "model", names, "re-run training")
+    documents = recorded["resolved"]["train_docs"]
+    log_prior = np.log((info.counts + 1.0) / (documents + 2.0))                        # (L,)
+    inverse = runner.propensities(dataset, config, names).inverse[:len(names)]
+    truth = runner.remap_labels(dataset.test_labels, dataset.label_names, names).tocsr()[:, :len(names)]
+    tokens = tokenize(dataset.test_texts, model.encoder.tokenizer, config.max_length, None, description=None)
+
+    model.eval()
+    top = {tau: [] for tau in args.tau}
+    rows = np.arange(len(dataset.test_texts))
+    with torch.no_grad():
+        for start in range(0, len(rows), args.batch):
+            input_ids, attention_mask = tokens.batch(rows[start:start + args.batch])
+            logits = model.recaller(model.encoder(input_ids, attention_mask)).float().numpy()   # (B, L)
+            for tau in args.tau:
+                top[tau].append(np.argsort(-(logits - tau * log_prior), axis=1, kind="stable")[:, :10])
+    print(f"{args.run_dir}: {len(rows)} test documents, {len(names)} labels, {documents} training documents")
+    print("| tau | " + " | ".join(SHOWN) + " | (P@1 + PSP@5) / 2 |")
+    print("|---" * (len(SHOWN) + 2) + "|")
+    for tau, parts in top.items():
+        metrics = evaluate(np.concatenate(parts), truth, ks=(1, 3, 5), inv_propensity=inverse)
+        print(f"| {tau:g} | " + " | ".join(f"{metrics[key]:.2f}" for key in SHOWN)
+              + f" | {(metrics['P@1'] + metrics['PSP@5']) / 2:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
