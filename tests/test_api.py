@@ -148,6 +148,28 @@ def test_bad_inputs_end_in_one_line(trained, tiny_model_dir, tmp_path):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+def test_errors_say_their_kind_and_keep_their_one_line(trained, tmp_path):
+    from xmcbench.errors import BadData, DamagedModel, RefusedSetting, UnknownName
+
+    def raised(action):
+        with pytest.raises(XmcError) as caught:
+            action()
+        assert "\n" not in str(caught.value)
+        return type(caught.value)
+
+    assert raised(lambda: xmcbench.resolved_config("lightxmll")) is UnknownName
+    assert raised(lambda: xmcbench.resolved_config("lightxml", set_options=["epochz=1"])) is UnknownName
+    assert raised(lambda: xmcbench.resolved_config("lightxml", set_options=["epochs=three"])) is RefusedSetting
+    assert raised(lambda: xmcbench.resolved_config("lightxml", tmp_path / "no-such-dataset")) is UnknownName
+    (tmp_path / "empty").mkdir()
+    assert raised(lambda: xmcbench.resolved_config("lightxml", tmp_path / "empty")) is BadData
+    damaged = tmp_path / "damaged"
+    (damaged / "model").mkdir(parents=True)
+    (damaged / "model" / "model.json").write_text("[1, 2]")
+    assert raised(lambda: xmcbench.load(damaged)) is DamagedModel
+    assert all(issubclass(kind, XmcError) for kind in (BadData, DamagedModel, RefusedSetting, UnknownName))
+
+
 def test_settings_become_set_options():
     assert api._set_options({"epochs": 1, "pretrained_weights": False, "eval_ks": (1, 3), "options": {"a": 2}}) == \
         ["epochs=1", "pretrained_weights=false", "eval_ks=1,3", "options.a=2"]

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from xmcbench.errors import XmcError, error_line
+from xmcbench.errors import DamagedModel, XmcError, error_line
 from xmcbench.storage import read_json, write_errors_as_os_errors, write_json
 
 POINTER = "latest.json"
@@ -112,7 +112,7 @@ def load_checkpoint(directory: Path) -> dict | None:
     try:
         name = read_json(pointer)["directory"]
         if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
-            raise XmcError(f"{pointer} names {name!r}, which is not a checkpoint folder inside {directory}; "
+            raise DamagedModel(f"{pointer} names {name!r}, which is not a checkpoint folder inside {directory}; "
                            f"delete {directory} to restart the run from scratch")
         target = directory / name
         skeleton = read_json(target / "state.json")
@@ -120,6 +120,6 @@ def load_checkpoint(directory: Path) -> dict | None:
     except XmcError:
         raise
     except Exception as error:  # JSON, key and safetensors errors all mean the same thing here
-        raise XmcError(f"the checkpoint in {directory} cannot be read ({error_line(error)}); delete {directory} "
+        raise DamagedModel(f"the checkpoint in {directory} cannot be read ({error_line(error)}); delete {directory} "
                        "to restart the run from scratch") from None
     return join_state(skeleton, tensors)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from xmcbench.errors import XmcError, closest_names_hint
+from xmcbench.errors import RefusedSetting, UnknownName, closest_names_hint
 
 
 @dataclass
@@ -101,35 +101,35 @@ class TrainConfig:
         # first: a deep eval_ks raises top_k, whose range error would not name the setting given
         if not self.eval_ks or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_TOP_K
                                    for k in self.eval_ks):
-            raise XmcError(f"{source}: eval_ks={format_ks(self.eval_ks)} must be a list of integers between 1 and "
+            raise RefusedSetting(f"{source}: eval_ks={format_ks(self.eval_ks)} must be a list of integers between 1 and "
                            f"{MAX_TOP_K}, e.g. eval_ks=1,3,5,10,100")
         for key, (low, high) in SETTING_RANGES.items():
             value = getattr(self, key)
             if isinstance(value, float) and not math.isfinite(value):
-                raise XmcError(f"{source}: {key}={value} is not a finite number")
+                raise RefusedSetting(f"{source}: {key}={value} is not a finite number")
             if (low is not None and value < low) or (high is not None and value > high):
                 bounds = f"at least {low}" if high is None else f"between {low} and {high}"
-                raise XmcError(f"{source}: {key}={value} is out of range; it must be {bounds}")
+                raise RefusedSetting(f"{source}: {key}={value} is out of range; it must be {bounds}")
         if self.score_combiner not in SCORE_COMBINERS:
-            raise XmcError(f"{source}: score_combiner={self.score_combiner!r} is not one of "
+            raise RefusedSetting(f"{source}: score_combiner={self.score_combiner!r} is not one of "
                            f"{', '.join(SCORE_COMBINERS)}")
         if not 0.0 <= self.zero_shot_labels < 1.0:
-            raise XmcError(f"{source}: zero_shot_labels={self.zero_shot_labels:g} is out of range; it must be in [0, 1) "
+            raise RefusedSetting(f"{source}: zero_shot_labels={self.zero_shot_labels:g} is out of range; it must be in [0, 1) "
                            "(the share of the test set's labels held out of training, e.g. 0.05)")
         if not 0.0 <= self.dropout < 1.0:
-            raise XmcError(f"{source}: dropout={self.dropout:g} is out of range; it must be in [0, 1)")
+            raise RefusedSetting(f"{source}: dropout={self.dropout:g} is out of range; it must be in [0, 1)")
         if self.top_k < max(self.eval_ks):
-            raise XmcError(f"{source}: top_k={self.top_k} keeps fewer labels than eval_ks asks for "
+            raise RefusedSetting(f"{source}: top_k={self.top_k} keeps fewer labels than eval_ks asks for "
                            f"(@{max(self.eval_ks)}); set top_k={max(self.eval_ks)} or more")
         levels = self.tree_levels
         if any(n & (n - 1) for n in levels) or any(a >= b for a, b in zip(levels, levels[1:])):
-            raise XmcError(f"{source}: tree_levels={format_ks(levels)} must be increasing powers of two, coarse "
+            raise RefusedSetting(f"{source}: tree_levels={format_ks(levels)} must be increasing powers of two, coarse "
                            "to fine, e.g. tree_levels=1024,8192")
         if self.level_top and len(self.level_top) != len(levels) and not tree_derived_later:
-            raise XmcError(f"{source}: level_top={format_ks(self.level_top)} must give one count per tree level "
+            raise RefusedSetting(f"{source}: level_top={format_ks(self.level_top)} must give one count per tree level "
                            f"({len(levels)}: tree_levels={format_ks(levels)}), or be empty")
         if self.num_clusters and self.num_clusters & (self.num_clusters - 1):
-            raise XmcError(f"{source}: num_clusters={self.num_clusters} must be a power of two (or 0 to use "
+            raise RefusedSetting(f"{source}: num_clusters={self.num_clusters} must be a power of two (or 0 to use "
                            "cluster_size)")
 
 
@@ -154,7 +154,7 @@ def parse_ks(value: Any, key: str, source: str) -> tuple[int, ...]:
             ks = None
         if ks and all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in ks):
             return tuple(sorted(set(ks)))
-    raise XmcError(f"{source}: {key} must be a list of positive integers, e.g. {key}=1,3,5,10,100; got {value!r}")
+    raise RefusedSetting(f"{source}: {key} must be a list of positive integers, e.g. {key}=1,3,5,10,100; got {value!r}")
 
 
 # list settings whose order and repeats mean something (one value per tree level), unlike eval_ks's cut-offs
@@ -171,7 +171,7 @@ def parse_counts(value: Any, key: str, source: str) -> tuple[int, ...]:
             counts = None
         if counts is not None and all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in counts):
             return counts
-    raise XmcError(f"{source}: {key} must be a list of positive integers, e.g. {key}=1024,8192; got {value!r}")
+    raise RefusedSetting(f"{source}: {key} must be a list of positive integers, e.g. {key}=1024,8192; got {value!r}")
 
 
 def parse_names(value: Any, key: str, source: str) -> tuple[str, ...]:
@@ -180,16 +180,16 @@ def parse_names(value: Any, key: str, source: str) -> tuple[str, ...]:
     items = [item.strip() for item in value.split(",")] if isinstance(value, str) else value
     if isinstance(items, (list, tuple)) and all(isinstance(item, str) for item in items):
         return tuple(dict.fromkeys(item for item in items if item))
-    raise XmcError(f"{source}: {key} must be a list of names, e.g. {key}=tensorboard,mlflow; got {value!r}")
+    raise RefusedSetting(f"{source}: {key} must be a list of names, e.g. {key}=tensorboard,mlflow; got {value!r}")
 
 
 def check_top_k(top_k: int) -> None:
     """The labels asked of `predict` per text: a whole number (not a bool, a float or a string), 1 to MAX_TOP_K."""
     if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
-        raise XmcError(f"top_k must be a whole number between 1 and {MAX_TOP_K}, got {top_k!r} "
+        raise RefusedSetting(f"top_k must be a whole number between 1 and {MAX_TOP_K}, got {top_k!r} "
                        f"({type(top_k).__name__})")
     if not 1 <= top_k <= MAX_TOP_K:
-        raise XmcError(f"--top-k must be between 1 and {MAX_TOP_K}, got {top_k}")
+        raise RefusedSetting(f"--top-k must be between 1 and {MAX_TOP_K}, got {top_k}")
 
 
 # (lowest, highest) allowed value of each numeric setting; None: unbounded. dropout and num_clusters have
@@ -222,7 +222,7 @@ LOSS_PARTS = ("recall", "rank")
 def copy_encoder_to_ranker_encoder(model, stage_name: str) -> None:
     """The ranker's own encoder starts from the shared encoder's weights (the paper's BS ablation)."""
     if model.ranker_encoder is None:
-        raise XmcError(f"stage {stage_name!r} copies the encoder into the ranker's own encoder, but the "
+        raise RefusedSetting(f"stage {stage_name!r} copies the encoder into the ranker's own encoder, but the "
                        "model has none: set separate_ranker_encoder=true")
     model.ranker_encoder.load_state_dict(model.encoder.state_dict())
 
@@ -254,7 +254,7 @@ class Stage:
         epochs_setting = TrainConfig.__dataclass_fields__.get(self.epochs_key)
         if unknown or not self.losses or (self.start is not None and self.start not in STAGE_STARTS) or \
                 epochs_setting is None or epochs_setting.type not in (int, "int"):
-            raise XmcError(f"stage {self.name!r} is malformed: trains {self.trains}, losses {self.losses}, "
+            raise RefusedSetting(f"stage {self.name!r} is malformed: trains {self.trains}, losses {self.losses}, "
                            f"epochs_key {self.epochs_key!r}, start {self.start!r}; parts are {TRAINABLE_PARTS}, "
                            f"losses {LOSS_PARTS}, starts {tuple(STAGE_STARTS)}, epochs_key an integer setting")
 
@@ -358,7 +358,7 @@ def coerce_setting(key: str, value: Any, expected, source: str) -> Any:
         return parse_counts(value, key, source) if key in ORDERED_COUNT_SETTINGS else parse_ks(value, key, source)
     else:
         return value
-    raise XmcError(f"{source}: {key} must be {expected.__name__}, got {value!r}")
+    raise RefusedSetting(f"{source}: {key} must be {expected.__name__}, got {value!r}")
 
 
 PATH_KIND = "path"   # Option(kind="path"): the path of a file the option names
@@ -370,18 +370,18 @@ def readable_file(value: Any, key: str, source: str) -> str:
     if isinstance(value, Path):
         value = str(value)
     if not isinstance(value, str) or not value.strip():
-        raise XmcError(f"{source}: {key} must be the path of a file, got {value!r}")
+        raise RefusedSetting(f"{source}: {key} must be the path of a file, got {value!r}")
     path = Path(value).expanduser()
     if not path.exists():
-        raise XmcError(f"{source}: {key}={value}: no such file; give the path of an existing file")
+        raise RefusedSetting(f"{source}: {key}={value}: no such file; give the path of an existing file")
     if not path.is_file():
         what = "a folder" if path.is_dir() else "not a regular file"
-        raise XmcError(f"{source}: {key}={value} is {what}; give the path of a file")
+        raise RefusedSetting(f"{source}: {key}={value} is {what}; give the path of a file")
     try:
         with open(path, "rb"):
             pass
     except OSError as error:
-        raise XmcError(f"{source}: {key}={value} cannot be read ({error.strerror}); fix its permissions or give "
+        raise RefusedSetting(f"{source}: {key}={value} cannot be read ({error.strerror}); fix its permissions or give "
                        "another file") from None
     return str(path.resolve())
 
@@ -424,9 +424,9 @@ class Option:
             if any((low is not None and n < low) or (high is not None and n > high) for n in numbers):
                 bounds = f"at least {low:g}" if high is None else f"between {low:g} and {high:g}" \
                     if low is not None else f"at most {high:g}"
-                raise XmcError(f"{source}: {key}={value!r} is out of range; it must be {bounds}")
+                raise RefusedSetting(f"{source}: {key}={value!r} is out of range; it must be {bounds}")
         if self.choices is not None and parsed not in self.choices:
-            raise XmcError(f"{source}: {key}={value!r} is not one of {', '.join(map(str, self.choices))}")
+            raise RefusedSetting(f"{source}: {key}={value!r} is not one of {', '.join(map(str, self.choices))}")
         return parsed
 
     def value_of(self, config: "TrainConfig") -> Any:
@@ -434,7 +434,7 @@ class Option:
         option that was not set: XmcError, which planning a run raises first)."""
         given = (config.options or {}).get(self.name)
         if given is None and self.required:
-            raise XmcError(self.missing())
+            raise RefusedSetting(self.missing())
         return self.default if given is None else self.parse(given, "options")
 
     def missing(self, owner: str = "") -> str:
@@ -467,11 +467,11 @@ def check_options(options: dict[str, Any], declared: dict[str, tuple["Option", s
             close = difflib.get_close_matches(name, list(declared), n=1, cutoff=0.6)
             hint = f"did you mean options.{close[0]} ({declared[close[0]][1]})?" if close else \
                 "declared: " + ", ".join(f"options.{key}" for key in sorted(declared))
-            raise XmcError(f"{source}: unknown setting options.{name}: {hint}")
+            raise UnknownName(f"{source}: unknown setting options.{name}: {hint}")
         checked[name] = declared[name][0].parse(value, source)
     for name, (option, owner) in declared.items():
         if option.required and checked.get(name) is None:
-            raise XmcError(option.missing(owner))
+            raise RefusedSetting(option.missing(owner))
         if option.kind == PATH_KIND and checked.get(name) is None and option.default is not None:
             readable_file(option.default, f"options.{name}", f"the default of {owner}")   # its contents are hashed
     return checked
@@ -486,10 +486,10 @@ def apply_overrides(config: TrainConfig, overrides: dict[str, Any], source: str)
             values["options"] = {**values["options"], key.removeprefix("options."): value}
             continue
         if key not in types:
-            raise XmcError(f"{source}: unknown setting {key!r}: {closest_names_hint(key, types)}")
+            raise UnknownName(f"{source}: unknown setting {key!r}: {closest_names_hint(key, types)}")
         if key == "options":
             if not isinstance(value, dict):
-                raise XmcError(f"{source}: options must be a table of key = value")
+                raise RefusedSetting(f"{source}: options must be a table of key = value")
             values["options"] = {**values["options"], **value}
             continue
         values[key] = coerce_setting(key, value, types[key], source)
@@ -502,7 +502,7 @@ def parse_set_options(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise XmcError(f"--set expects key=value, got {pair!r} (e.g. --set epochs=3)")
+            raise RefusedSetting(f"--set expects key=value, got {pair!r} (e.g. --set epochs=3)")
         overrides[key.strip()] = value.strip()
     return overrides
 
@@ -512,16 +512,16 @@ def read_config_file(path: Path) -> dict[str, Any]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
-        raise XmcError(f"cannot read config file {path}: {error.strerror}") from None
+        raise RefusedSetting(f"cannot read config file {path}: {error.strerror}") from None
     except UnicodeDecodeError as error:
-        raise XmcError(f"config file {path} is not UTF-8 text (byte {error.start}); save it as UTF-8") from None
+        raise RefusedSetting(f"config file {path} is not UTF-8 text (byte {error.start}); save it as UTF-8") from None
     try:
         values = json.loads(text) if str(path).endswith(".json") else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
-        raise XmcError(f"config file {path} is not valid {'JSON' if str(path).endswith('.json') else 'TOML'}: "
+        raise RefusedSetting(f"config file {path} is not valid {'JSON' if str(path).endswith('.json') else 'TOML'}: "
                        f"{error}") from None
     if not isinstance(values, dict):
-        raise XmcError(f"config file {path} must hold a table of key = value settings")
+        raise RefusedSetting(f"config file {path} must hold a table of key = value settings")
     return values
 
 

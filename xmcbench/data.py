@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from xmcbench.errors import XmcError
+from xmcbench.errors import BadData, XmcError
 
 PathLike = Traversable | Path | str
 
@@ -162,7 +162,7 @@ def label_texts_file(folder: PathLike) -> Traversable | Path | None:
     """The folder's table of label texts (LABEL_TEXTS_FILES, plain or compressed), or None."""
     found = [file for name in LABEL_TEXTS_FILES if (file := _first_file(folder, (name,))) is not None]
     if len(found) > 1:
-        raise XmcError(f"{folder} holds {found[0].name} and {found[1].name}: a dataset has one table of label texts; "
+        raise BadData(f"{folder} holds {found[0].name} and {found[1].name}: a dataset has one table of label texts; "
                        "remove one of them")
     return found[0] if found else None
 
@@ -177,7 +177,7 @@ def _dataset_files(folder: PathLike) -> tuple[dict[str, Traversable | Path], lis
     raw = {split: _first_file(folder, (f"{split}_raw_texts.txt",)) for split in ("train", "test")}
     if (raw["train"] is None) != (raw["test"] is None):
         have, lack = ("train", "test") if raw["train"] is not None else ("test", "train")
-        raise XmcError(
+        raise BadData(
             f"{folder} has {have}_raw_texts.txt but no {lack}_raw_texts.txt; "
             f"provide both raw text files or neither, so train and test get the same preprocessing"
         )
@@ -218,7 +218,7 @@ def resolve_files(spec: DatasetSpec, data_dir: Path | None) -> Traversable | Pat
     """The folder holding the dataset's files: the embedded copy if the spec has one, else ``data_dir/dirname``."""
     if spec.embedded is not None:
         if not spec.embedded.is_dir():
-            raise XmcError(f"built-in dataset '{spec.name}' has no files at {spec.embedded}; reinstall xmcbench "
+            raise BadData(f"built-in dataset '{spec.name}' has no files at {spec.embedded}; reinstall xmcbench "
                            f"(e.g. pip install -e .) so that the package xmcbench_datasets is complete")
         _, missing = _dataset_files(spec.embedded)
         if missing:
@@ -314,7 +314,7 @@ def _check_line_ends(name: object, lone_cr: int, lines: int) -> None:
     """A lone \\r is kept as a character, but more lone \\r than lines means the file ends its lines with
     \\r alone (classic Mac OS): read as one line, its documents would silently merge."""
     if lone_cr > lines:
-        raise XmcError(f"{name} ends its lines with a lone carriage return (\\r, classic Mac OS): {lone_cr} of them "
+        raise BadData(f"{name} ends its lines with a lone carriage return (\\r, classic Mac OS): {lone_cr} of them "
                        f"in {lines} line(s); convert it to \\n line ends, e.g. tr '\\r' '\\n' < IN > OUT")
 
 
@@ -350,7 +350,7 @@ def _read_lines(file: PathLike, counts: dict[str, int], digest=None, errors: str
                 lines.extend(_decode_block(block, counts, errors))
     # gzip.BadGzipFile is an OSError; a corrupt deflate stream inside a .gz raises zlib.error
     except (OSError, EOFError, lzma.LZMAError, zlib.error) as err:
-        raise XmcError(f"cannot read {file}: {err}; check the file, or re-download / decompress it by hand") from None
+        raise BadData(f"cannot read {file}: {err}; check the file, or re-download / decompress it by hand") from None
     if pending:  # last line without a trailing newline
         lines.extend(_decode_block(bytes(pending) + b"\n", counts, errors))
     _check_line_ends(file, counts.get("lone_carriage_returns", 0) - lone_cr_before, len(lines))
@@ -410,13 +410,13 @@ def read_label_table(file: PathLike) -> LabelTable:
         with open_binary(file) as stream:
             raw = stream.read()
     except (OSError, EOFError, lzma.LZMAError, zlib.error) as err:
-        raise XmcError(f"cannot read {file}: {err}; check the file, or re-download / decompress it by hand") from None
+        raise BadData(f"cannot read {file}: {err}; check the file, or re-download / decompress it by hand") from None
     digest = hashlib.sha256(raw).hexdigest()
     try:
         content = raw.removeprefix(_BOM).decode("utf-8")
     except UnicodeDecodeError as err:
         line = raw.removeprefix(_BOM)[:err.start].count(b"\n") + 1
-        raise XmcError(f"{file}:{line}: not UTF-8 (byte {err.start} of the file); label texts are matched to label "
+        raise BadData(f"{file}:{line}: not UTF-8 (byte {err.start} of the file); label texts are matched to label "
                        "names by their exact characters, so save the file as UTF-8") from None
     kind = _table_kind(file)
     rows = _tsv_rows(file, content) if kind == "tsv" else _csv_rows(file, content) if kind == "csv" \
@@ -425,9 +425,9 @@ def read_label_table(file: PathLike) -> LabelTable:
     first_line: dict[str, int] = {}
     for line, label, text in rows:
         if not label:
-            raise XmcError(f"{file}:{line}: the label name is empty; each row names a label, then its text")
+            raise BadData(f"{file}:{line}: the label name is empty; each row names a label, then its text")
         if label in first_line:
-            raise XmcError(f"{file}:{line}: label {label!r} is listed again (first on line {first_line[label]}); "
+            raise BadData(f"{file}:{line}: label {label!r} is listed again (first on line {first_line[label]}); "
                            "give each label one text")
         first_line[label] = line
         texts[label] = text
@@ -441,7 +441,7 @@ def _tsv_rows(file: PathLike, content: str):
     for number, line in enumerate(lines, start=1):
         label, tab, text = line.partition("\t")
         if not tab:
-            raise XmcError(f"{file}:{number}: no tab on the line; each line is a label name, a tab, then its text")
+            raise BadData(f"{file}:{number}: no tab on the line; each line is a label name, a tab, then its text")
         yield number, label, text
 
 
@@ -455,18 +455,18 @@ def _csv_rows(file: PathLike, content: str):
     try:
         header = next(reader, None)
         if header is None or "label" not in header or "text" not in header:
-            raise XmcError(f"{file}: the header row must name the columns 'label' and 'text' (it has: "
+            raise BadData(f"{file}: the header row must name the columns 'label' and 'text' (it has: "
                            f"{', '.join(header or []) or 'none'})")
         label_at, text_at = header.index("label"), header.index("text")
         for row in reader:
             if not row:
                 continue
             if len(row) != len(header):
-                raise XmcError(f"{file}:{reader.line_num}: the row has {len(row)} fields but the header has "
+                raise BadData(f"{file}:{reader.line_num}: the row has {len(row)} fields but the header has "
                                f"{len(header)}; quote fields that contain commas or line breaks")
             yield reader.line_num, row[label_at], row[text_at]
     except csv.Error as error:
-        raise XmcError(f"{file}:{reader.line_num}: {error}; check the quoting of that row") from None
+        raise BadData(f"{file}:{reader.line_num}: {error}; check the quoting of that row") from None
 
 
 def _jsonl_rows(file: PathLike, content: str):
@@ -478,11 +478,11 @@ def _jsonl_rows(file: PathLike, content: str):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            raise XmcError(f"{file}:{number}: not a JSON object ({error.msg}); write one "
+            raise BadData(f"{file}:{number}: not a JSON object ({error.msg}); write one "
                            '{"label": ..., "text": ...} object per line') from None
         if not isinstance(record, dict) or not isinstance(record.get("label"), str) \
                 or not isinstance(record.get("text"), str):
-            raise XmcError(f"{file}:{number}: expected an object with the strings \"label\" and \"text\"")
+            raise BadData(f"{file}:{number}: expected an object with the strings \"label\" and \"text\"")
         yield number, record["label"], record["text"]
 
 
@@ -554,7 +554,7 @@ def _load(spec: DatasetSpec, folder: Traversable | Path) -> Dataset:
         label_lines = read(f"{split}_labels")
         if len(texts) != len(label_lines):
             longer = files[f"{split}_texts"] if len(texts) > len(label_lines) else files[f"{split}_labels"]
-            raise XmcError(
+            raise BadData(
                 f"{files[f'{split}_texts']} has {len(texts)} lines but {files[f'{split}_labels']} has "
                 f"{len(label_lines)}: line {min(len(texts), len(label_lines)) + 1} of {longer} has no partner; "
                 f"the files must be line-aligned (one document per line in both)"
@@ -568,13 +568,13 @@ def _load(spec: DatasetSpec, folder: Traversable | Path) -> Dataset:
     train_texts, train_rows = split_data["train"]
     test_texts, test_rows = split_data["test"]
     if not train_texts:
-        raise XmcError(f"dataset '{spec.name}' has no training documents: {files['train_texts']} is empty; "
+        raise BadData(f"dataset '{spec.name}' has no training documents: {files['train_texts']} is empty; "
                        f"fill it with one document per line")
     if not test_texts:
-        raise XmcError(f"dataset '{spec.name}' has no test documents: {files['test_texts']} is empty; "
+        raise BadData(f"dataset '{spec.name}' has no test documents: {files['test_texts']} is empty; "
                        f"fill it with one document per line (a run scores its model on the test set)")
     if not any(train_rows):
-        raise XmcError(f"dataset '{spec.name}' has no training labels: every line of {files['train_labels']} "
+        raise BadData(f"dataset '{spec.name}' has no training labels: every line of {files['train_labels']} "
                        f"is empty; put each document's labels on its line, separated by spaces")
 
     train_vocab = sorted(set(chain.from_iterable(train_rows)))

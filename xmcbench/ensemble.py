@@ -85,7 +85,7 @@ from typing import Sequence
 import numpy as np
 
 from xmcbench.config import check_top_k
-from xmcbench.errors import XmcError
+from xmcbench.errors import DamagedModel, XmcError
 from xmcbench.metrics import evaluate
 from xmcbench.inference import Predictions
 from xmcbench.prediction_files import read_predictions
@@ -194,34 +194,34 @@ class Fusion:
         if spec is None:   # an ensemble written before fusion rules existed: the paper's sum
             return Fusion()
         if not isinstance(spec, dict) or spec.get("rule") not in FUSION_RULES:
-            raise XmcError(damaged)
+            raise DamagedModel(damaged)
         if spec["rule"] == "sum":
             return Fusion()
         weights, quantiles = spec.get("weights"), spec.get("quantiles")
         if not isinstance(weights, list) or not isinstance(quantiles, list) \
                 or len(weights) != num_members or len(quantiles) != num_members:
-            raise XmcError(damaged)
+            raise DamagedModel(damaged)
         try:
             weights = [float(w) for w in weights]
             quantiles = [np.asarray(q, dtype=np.float64) for q in quantiles]
         except (TypeError, ValueError):
-            raise XmcError(damaged) from None
+            raise DamagedModel(damaged) from None
         if not _valid_weights(weights) or any(
                 q.ndim != 1 or q.size == 0 or not np.all(np.isfinite(q)) or np.any(np.diff(q) < 0) for q in quantiles):
-            raise XmcError(damaged)
+            raise DamagedModel(damaged)
         bin_weights, label_bins = spec.get("bin_weights"), spec.get("label_bins")
         if (bin_weights is None) != (label_bins is None):
-            raise XmcError(damaged)
+            raise DamagedModel(damaged)
         if bin_weights is not None:
             try:
                 bin_weights = [[float(w) for w in row] for row in bin_weights]
                 label_bins = np.asarray(label_bins, dtype=np.int64)
             except (TypeError, ValueError):
-                raise XmcError(damaged) from None
+                raise DamagedModel(damaged) from None
             if not bin_weights or any(len(row) != num_members or not _valid_weights(row) for row in bin_weights) \
                     or label_bins.ndim != 1 or label_bins.size == 0 or label_bins.min() < 0 \
                     or label_bins.max() >= len(bin_weights):
-                raise XmcError(damaged)
+                raise DamagedModel(damaged)
         record = {key: value for key, value in spec.items()
                   if key not in ("rule", "normalisation", "weights", "quantiles", "bin_weights", "label_bins")}
         return Fusion("weighted", weights, quantiles, record, bin_weights, label_bins)
@@ -433,7 +433,7 @@ def read_member(path: Path) -> Member:
     label_names = read_json(labels_path, "the label list")
     if not isinstance(config, dict) or not isinstance(label_names, list) \
             or not all(isinstance(name, str) for name in label_names):
-        raise XmcError(f"ensemble member {path}: config.json or model/labels.json is damaged; re-run training")
+        raise DamagedModel(f"ensemble member {path}: config.json or model/labels.json is damaged; re-run training")
     return Member(path, config, label_names, labels_digest(label_names))
 
 
@@ -480,7 +480,7 @@ def read_ensemble(directory: Path) -> Ensemble:
     path = directory / ENSEMBLE_FILE
     spec = read_json(path, "the ensemble description")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), int):
-        raise XmcError(f"{path} is not an ensemble description (no schema number); rebuild it with `xmcbench ensemble`")
+        raise DamagedModel(f"{path} is not an ensemble description (no schema number); rebuild it with `xmcbench ensemble`")
     if spec["schema"] > SCHEMA_VERSION:
         raise XmcError(f"{path} has ensemble schema {spec['schema']} but this xmcbench reads {SCHEMA_VERSION} at "
                        "most; upgrade xmcbench")

@@ -15,6 +15,25 @@ class TrainingInterrupted(XmcError):
     """Ctrl-C during training: a checkpoint was written first (the CLI exits with status 130)."""
 
 
+# The kinds of XmcError an API user may want to tell apart; each keeps the one-line message of its raise site.
+
+class UnknownName(XmcError):
+    """A method, component, dataset, data format, logger, executor or setting that is not registered."""
+
+
+class RefusedSetting(XmcError):
+    """A setting (--set, --config, a method option, a reading flag) with a value that cannot be used."""
+
+
+class BadData(XmcError):
+    """A dataset's files (or rows given in memory) that are missing or cannot be read as they are."""
+
+
+class DamagedModel(XmcError):
+    """A saved model, label index, checkpoint, prediction file or ensemble that is missing, incomplete or changed
+    since it was written."""
+
+
 def first_line(text: object) -> str:
     """The first non-blank line of str(text), stripped ("" when there is none)."""
     return next((line.strip() for line in str(text).splitlines() if line.strip()), "")

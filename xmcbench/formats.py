@@ -32,7 +32,7 @@ import scipy.sparse as sp
 
 from xmcbench.data import Dataset, _gc_paused, _label_matrix, label_texts_file, open_binary, read_label_table, \
     texts_for_labels
-from xmcbench.errors import XmcError
+from xmcbench.errors import BadData, RefusedSetting
 from xmcbench.rundir import written_beside
 from xmcbench.storage import fingerprint
 
@@ -79,7 +79,7 @@ class FormatOptions:
         used = [name for name in names if getattr(self, name) is not None]
         if used:
             flags = ", ".join("--" + name.replace("_", "-") for name in used)
-            raise XmcError(f"the {format_name} format does not use {flags}; drop {'it' if len(used) == 1 else 'them'}"
+            raise RefusedSetting(f"the {format_name} format does not use {flags}; drop {'it' if len(used) == 1 else 'them'}"
                            f" (`xmcbench formats` lists what each format reads)")
 
 
@@ -119,9 +119,9 @@ def detect_format(registry, path: Path) -> DataFormat:
         return matches[0]
     names = ", ".join(sorted(registry.formats)) or "none is registered"
     if not matches:
-        raise XmcError(f"{path} is in no data format xmcbench recognises (registered formats: {names}); choose "
+        raise BadData(f"{path} is in no data format xmcbench recognises (registered formats: {names}); choose "
                        f"one with {FORMAT_OPTION_HINT}, and see docs/data-formats.md for the layouts")
-    raise XmcError(f"{path} looks like several data formats: {', '.join(sorted(f.name for f in matches))}; choose "
+    raise BadData(f"{path} looks like several data formats: {', '.join(sorted(f.name for f in matches))}; choose "
                    f"one with {FORMAT_OPTION_HINT}")
 
 
@@ -137,7 +137,7 @@ def read_dataset(registry, path: Path, options: FormatOptions | None = None) -> 
     options = options or FormatOptions()
     path = Path(path).expanduser()
     if not path.exists():
-        raise XmcError(f"{path} does not exist; pass a folder or file holding the dataset")
+        raise BadData(f"{path} does not exist; pass a folder or file holding the dataset")
     data_format = registry.format(options.format_name) if options.format_name else detect_format(registry, path)
     dataset = data_format.read(path, options)
     own_table = label_texts_file(path) if path.is_dir() else None
@@ -146,7 +146,7 @@ def read_dataset(registry, path: Path, options: FormatOptions | None = None) -> 
     if options.label_texts is not None:
         if dataset.label_texts is not None:
             source = own_table.name if own_table is not None else f"its {data_format.name} files"
-            raise XmcError(f"{path} carries label texts of its own (from {source}); drop --label-texts, or remove "
+            raise BadData(f"{path} carries label texts of its own (from {source}); drop --label-texts, or remove "
                            f"the dataset's own so that {options.label_texts} gives them")
         dataset = with_label_table(dataset, Path(options.label_texts))
     return dataset
@@ -156,7 +156,7 @@ def with_label_table(dataset: Dataset, file: Path) -> Dataset:
     """`dataset` with the label texts of a table (xmcbench.data.read_label_table): labels it lacks keep their
     names, what it leaves out is counted in the report; the version also hashes the table's contents."""
     if not Path(file).is_file():
-        raise XmcError(f"{file} does not exist; --label-texts names a file of label<TAB>text lines")
+        raise BadData(f"{file} does not exist; --label-texts names a file of label<TAB>text lines")
     table = read_label_table(file)
     report = dict(dataset.report)
     texts = texts_for_labels(dataset.label_names, table.texts, report)
@@ -202,10 +202,10 @@ def write_dataset(registry, dataset: Dataset, folder: Path, format_name: str,
     data_format = registry.format(format_name)
     if data_format.write is None:
         writers = ", ".join(sorted(name for name, e in registry.formats.items() if e.value.write is not None))
-        raise XmcError(f"the {format_name} format can be read but not written; write one of: {writers}")
+        raise RefusedSetting(f"the {format_name} format can be read but not written; write one of: {writers}")
     folder = Path(folder).expanduser()
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise XmcError(f"{folder} exists and is not an empty folder; name a new folder to write the dataset into")
+        raise BadData(f"{folder} exists and is not an empty folder; name a new folder to write the dataset into")
     with written_beside(folder) as staging:   # a failure midway leaves no half-written dataset to read later
         data_format.write(dataset, staging, options or FormatOptions())
     return folder
@@ -292,9 +292,9 @@ def _binary(labels: sp.spmatrix) -> sp.csr_matrix:
 
 def _check_sizes(where: str, num_train: int, num_test: int) -> None:
     if not num_train:
-        raise XmcError(f"{where} has no training documents; it needs at least one row in its training part")
+        raise BadData(f"{where} has no training documents; it needs at least one row in its training part")
     if not num_test:
-        raise XmcError(f"{where} has no test documents (a run scores its model on the test set); add test rows, "
+        raise BadData(f"{where} has no test documents (a run scores its model on the test set); add test rows, "
                        "or split one file with --test-size")
 
 
@@ -307,7 +307,7 @@ def _dataset(name, version, label_names, num_labels, train_texts, train_labels, 
              train_features, test_features, counts) -> Dataset:
     """The checks and the report counts every reader shares, then the Dataset."""
     if train_labels.nnz == 0:
-        raise XmcError(f"{where} has no training labels: every training row has an empty label list")
+        raise BadData(f"{where} has no training labels: every training row has an empty label list")
     for texts, features, split in ((train_texts, train_features, "train"), (test_texts, test_features, "test")):
         rows = train_labels.shape[0] if split == "train" else test_labels.shape[0]
         if texts and len(texts) != rows:
@@ -319,7 +319,7 @@ def _dataset(name, version, label_names, num_labels, train_texts, train_labels, 
     _count(counts, "empty_texts", sum(1 for t in chain(train_texts, test_texts) if not t or t.isspace()))
     _count(counts, "unseen_test_labels", len(label_names) - num_labels)
     if train_features is not None and test_features is not None and train_features.shape[1] != test_features.shape[1]:
-        raise XmcError(f"{where}: the training features have {train_features.shape[1]} columns but the test "
+        raise BadData(f"{where}: the training features have {train_features.shape[1]} columns but the test "
                        f"features {test_features.shape[1]}; both splits need one feature space")
     return Dataset(name=name, version=version, label_names=label_names, num_labels=num_labels,
                    train_texts=train_texts, train_labels=train_labels, test_texts=test_texts, test_labels=test_labels,
@@ -351,7 +351,7 @@ def split_test(num_rows: int, test_size: float, seed: int = 0,
     count = size if isinstance(size, int) else int(np.ceil(size * units))
     what = "groups (distinct ids)" if groups is not None else "rows"
     if not 0 < count < units:
-        raise XmcError(f"--test-size {test_size} leaves no {'test' if count <= 0 else 'training'} {what} out of "
+        raise RefusedSetting(f"--test-size {test_size} leaves no {'test' if count <= 0 else 'training'} {what} out of "
                        f"{units}; choose a share between 0 and 1 or a count below {units}")
     splitter = (GroupShuffleSplit if groups is not None else ShuffleSplit)(n_splits=1, test_size=count,
                                                                           random_state=seed)
@@ -366,7 +366,7 @@ def _test_size(value: float) -> float | int:
         return int(value)
     if 0 < value < 1:
         return value
-    raise XmcError(f"--test-size {value:g} is neither a share between 0 and 1 nor a whole number of rows; "
+    raise RefusedSetting(f"--test-size {value:g} is neither a share between 0 and 1 nor a whole number of rows; "
                    "e.g. --test-size 0.2 or --test-size 500")
 
 
@@ -401,7 +401,7 @@ def _xc_header_and_body(path: Path, parse_header, expected: str) -> tuple[tuple[
     first_end = raw.find(b"\n")
     header = parse_header(raw[:first_end if first_end >= 0 else len(raw)])
     if header is None:
-        raise XmcError(f"{path}: line 1 is not the {expected} header of an Extreme Classification Repository file; "
+        raise BadData(f"{path}: line 1 is not the {expected} header of an Extreme Classification Repository file; "
                        "add it, or pass --format for another layout")
     return header, raw[first_end + 1:] if first_end >= 0 else b""
 
@@ -418,17 +418,17 @@ def _parse_xc_body(path: Path, body: bytes, num_docs: int, num_columns: int,
         features, labels = load_svmlight_file(io.BytesIO(body), n_features=num_columns, multilabel=True,
                                               zero_based=True, dtype=np.float64)
     except ValueError as error:
-        raise XmcError(f"{path}: not a valid Extreme Classification Repository file after its header ({error}); "
+        raise BadData(f"{path}: not a valid Extreme Classification Repository file after its header ({error}); "
                        f"expected {expected}") from None
     features = sp.csr_matrix(features, dtype=np.float32)
     labels = list(labels)
     if features.shape[0] != num_docs:
         features, labels = _with_empty_lines(body, features, labels)
     if features.shape[0] != num_docs:
-        raise XmcError(f"{path}: header line 1 says {num_docs} documents but the file has {features.shape[0]} "
+        raise BadData(f"{path}: header line 1 says {num_docs} documents but the file has {features.shape[0]} "
                        "data lines; fix the header or re-export the file")
     if not np.isfinite(features.data).all():
-        raise XmcError(f"{path}: a value is not a finite number (nan or inf); fix or drop that entry")
+        raise BadData(f"{path}: a value is not a finite number (nan or inf); fix or drop that entry")
     return features, labels
 
 
@@ -447,7 +447,7 @@ def read_xc_sparse(path: Path) -> XcSparse:
     lengths = np.fromiter(map(len, labels), dtype=np.int64, count=len(labels))
     ids = np.fromiter(chain.from_iterable(labels), dtype=np.float64, count=int(lengths.sum()))
     if ids.size and (ids.min() < 0 or ids.max() >= num_labels or not np.array_equal(ids, np.floor(ids))):
-        raise XmcError(f"{path}: a label id is not a whole number in [0, {num_labels}), the header's label count; "
+        raise BadData(f"{path}: a label id is not a whole number in [0, {num_labels}), the header's label count; "
                        "ids are 0-based")
     indptr = np.concatenate([[0], np.cumsum(lengths)])
     label_matrix = sp.csr_matrix((np.ones(ids.size, dtype=np.float32), ids.astype(np.int64), indptr),

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from xmcbench.errors import XmcError, first_line
+from xmcbench.errors import DamagedModel, first_line
 
 EXACT_BELOW = 50_000        # labels: below this, exact search (see the module docstring)
 CHUNK = 65_536              # labels scored at once by exact search
@@ -156,9 +156,9 @@ class LabelIndex:
             vectors = load_file(str(directory / VECTORS_FILE))["vectors"]
             shape_ok = layout["format"] == FORMAT and tuple(vectors.shape) == (layout["num_labels"], layout["dim"])
         except Exception as error:   # missing, unreadable or damaged: JSON, key and safetensors errors alike
-            raise XmcError(f"cannot read the label index in {directory} ({first_line(error)}): {redo}") from None
+            raise DamagedModel(f"cannot read the label index in {directory} ({first_line(error)}): {redo}") from None
         if not shape_ok or vectors.dtype != torch.float32:
-            raise XmcError(f"the label index in {directory} does not match its {LAYOUT_FILE}: {redo}")
+            raise DamagedModel(f"the label index in {directory} does not match its {LAYOUT_FILE}: {redo}")
         index = cls(vectors, threads=threads)
         if layout["graph"] is not None:
             index.graph = _read_graph(directory / GRAPH_FILE, layout["graph"], index, redo)
@@ -190,11 +190,11 @@ def _read_graph(path: Path, expected: dict, index: LabelIndex, redo: str):
     try:
         data = path.read_bytes()
     except OSError as error:
-        raise XmcError(f"cannot read {path} ({first_line(error)}): {redo}") from None
+        raise DamagedModel(f"cannot read {path} ({first_line(error)}): {redo}") from None
     if len(data) != expected["bytes"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
-        raise XmcError(f"{path} is damaged (its size or sha256 differs from {LAYOUT_FILE}): {redo}")
+        raise DamagedModel(f"{path} is damaged (its size or sha256 differs from {LAYOUT_FILE}): {redo}")
     graph = faiss.read_index(str(path))
     if graph.ntotal != index.num_labels or graph.d != index.dim:
-        raise XmcError(f"{path} holds {graph.ntotal} vectors of dimension {graph.d}, not {index.num_labels} of "
+        raise DamagedModel(f"{path} holds {graph.ntotal} vectors of dimension {graph.d}, not {index.num_labels} of "
                        f"{index.dim}: {redo}")
     return graph

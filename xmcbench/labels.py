@@ -14,7 +14,7 @@ import numpy as np
 
 from xmcbench.config import TrainConfig
 from xmcbench.data import Dataset
-from xmcbench.errors import XmcError
+from xmcbench.errors import DamagedModel
 from xmcbench.interfaces import LabelInfo
 from xmcbench.storage import read_json, write_json
 
@@ -77,6 +77,6 @@ def load_label_info(directory: Path, names: list[str], remedy: str) -> LabelInfo
     except (KeyError, TypeError, ValueError):
         valid = False
     if not valid:
-        raise XmcError(f"{path} does not describe the model's {size} labels (texts, counts, inverse_propensities): "
+        raise DamagedModel(f"{path} does not describe the model's {size} labels (texts, counts, inverse_propensities): "
                        f"the label information is damaged; {remedy}")
     return LabelInfo(tuple(names), None if texts is None else tuple(texts), counts, inverse)

@@ -36,7 +36,7 @@ from safetensors.torch import _remove_duplicate_names, load_model, save_file
 
 import xmcbench
 from xmcbench.config import TrainConfig
-from xmcbench.errors import XmcError, joined_line
+from xmcbench.errors import DamagedModel, RefusedSetting, UnknownName, XmcError, joined_line
 from xmcbench.interfaces import LabelClusters, LabelInfo, Retriever, call_factory, declared_keywords, \
     overrides, tree_level_clusters
 from xmcbench.labels import load_label_info, save_label_info
@@ -114,7 +114,7 @@ def tree_levels(registry: Registry, config: TrainConfig, clusters: LabelClusters
     if not config.tree_levels:
         return ()
     if clusters.is_flat or config.tree_levels[-1] >= clusters.num_clusters:
-        raise XmcError(f"tree_levels={','.join(map(str, config.tree_levels))} must have fewer nodes than the "
+        raise RefusedSetting(f"tree_levels={','.join(map(str, config.tree_levels))} must have fewer nodes than the "
                        f"{clusters.num_clusters if not clusters.is_flat else 'flat'} leaf clusters below them; "
                        "set cluster_size (e.g. 8) or num_clusters above the last tree level")
     in_dims = getattr(encoder, "level_dims", None) or (encoder.out_dim,) * (2 + len(config.tree_levels))
@@ -135,7 +135,7 @@ def tree_levels(registry: Registry, config: TrainConfig, clusters: LabelClusters
 def storage_dtype(name: str) -> torch.dtype:
     """The torch dtype of a storage_dtype setting; any other value ends in one XmcError line."""
     if name not in STORAGE_DTYPES:
-        raise XmcError(f"storage_dtype={name!r} is not a storage dtype; valid ones: {', '.join(STORAGE_DTYPES)} "
+        raise RefusedSetting(f"storage_dtype={name!r} is not a storage dtype; valid ones: {', '.join(STORAGE_DTYPES)} "
                        f"(e.g. --set storage_dtype=float16)")
     return STORAGE_DTYPES[name]
 
@@ -264,26 +264,26 @@ def read_signed_description(path: Path, schema_version: int, required_keys: tupl
     else ends in one XmcError line."""
     meta = read_json(path, "the model description", REDO)
     if not isinstance(meta, dict):
-        raise XmcError(f"{path} does not hold a JSON object: the model description is damaged; {REDO}")
+        raise DamagedModel(f"{path} does not hold a JSON object: the model description is damaged; {REDO}")
     schema = meta.get("schema")
     if not isinstance(schema, int) or isinstance(schema, bool):
-        raise XmcError(f"{path} has no valid \"schema\" number: the model description is damaged; {REDO}")
+        raise DamagedModel(f"{path} has no valid \"schema\" number: the model description is damaged; {REDO}")
     if schema > schema_version:
         written_by = meta.get("xmcbench_version")
         by = f" {written_by}" if isinstance(written_by, str) else ""
-        raise XmcError(f"{path} has model schema {schema} but this xmcbench ({xmcbench.__version__}) reads "
+        raise DamagedModel(f"{path} has model schema {schema} but this xmcbench ({xmcbench.__version__}) reads "
                        f"schema {schema_version} at most: the model was written by a newer xmcbench{by}; "
                        "upgrade xmcbench (pip install -U xmcbench)")
     recorded = meta.get(SELF_CHECKSUM)
     if recorded is None:
-        raise XmcError(f"{path} has no checksum of its own ({SELF_CHECKSUM!r}): it was written by an older "
+        raise DamagedModel(f"{path} has no checksum of its own ({SELF_CHECKSUM!r}): it was written by an older "
                        f"xmcbench, or edited; {REDO}")
     if recorded != description_digest(meta):
-        raise XmcError(f"{path} does not match its own checksum ({SELF_CHECKSUM!r}): it was edited or damaged "
+        raise DamagedModel(f"{path} does not match its own checksum ({SELF_CHECKSUM!r}): it was edited or damaged "
                        f"after saving; {REDO}")
     missing = [key for key in required_keys if key not in meta]
     if missing:
-        raise XmcError(f"{path} lacks {', '.join(repr(k) for k in missing)}: the model description is "
+        raise DamagedModel(f"{path} lacks {', '.join(repr(k) for k in missing)}: the model description is "
                        f"incomplete; {REDO}")
     return meta
 
@@ -293,16 +293,16 @@ def _read_meta(directory: Path) -> dict:
     meta = read_signed_description(path, SCHEMA_VERSION, REQUIRED_KEYS)
     for key in ("num_labels", "num_clusters", "cluster_size"):
         if not _is_count(meta[key]):
-            raise XmcError(f"{path}: {key!r} must be a positive integer, got {meta[key]!r}; {REDO}")
+            raise DamagedModel(f"{path}: {key!r} must be a positive integer, got {meta[key]!r}; {REDO}")
     for key in ("config", "encoder_params"):
         if not isinstance(meta[key], dict):
-            raise XmcError(f"{path}: {key!r} must be a JSON object, got {type(meta[key]).__name__}; {REDO}")
+            raise DamagedModel(f"{path}: {key!r} must be a JSON object, got {type(meta[key]).__name__}; {REDO}")
     if meta["num_clusters"] * meta["cluster_size"] < meta["num_labels"]:
-        raise XmcError(f"{path}: {meta['num_clusters']} clusters of at most {meta['cluster_size']} labels cannot "
+        raise DamagedModel(f"{path}: {meta['num_clusters']} clusters of at most {meta['cluster_size']} labels cannot "
                        f"hold {meta['num_labels']} labels: the model description is damaged; {REDO}")
     stored = meta.setdefault("storage_dtype", DEFAULT_STORAGE_DTYPE)
     if stored not in STORAGE_DTYPES:
-        raise XmcError(f"{path}: 'storage_dtype' is {stored!r}, which this xmcbench ({xmcbench.__version__}) cannot "
+        raise DamagedModel(f"{path}: 'storage_dtype' is {stored!r}, which this xmcbench ({xmcbench.__version__}) cannot "
                        f"read (it reads {', '.join(STORAGE_DTYPES)}): the model description is damaged or comes "
                        f"from a newer xmcbench; upgrade xmcbench or {REDO}")
     return meta
@@ -312,9 +312,9 @@ def _read_labels(directory: Path, num_labels: int) -> list[str]:
     path = directory / "labels.json"
     labels = read_json(path, "the label list", REDO)
     if not isinstance(labels, list) or not all(isinstance(name, str) for name in labels):
-        raise XmcError(f"{path} must hold a JSON list of label names (strings): the label list is damaged; {REDO}")
+        raise DamagedModel(f"{path} must hold a JSON list of label names (strings): the label list is damaged; {REDO}")
     if len(labels) != num_labels:
-        raise XmcError(f"{path} holds {len(labels)} labels but model.json says the model has {num_labels} "
+        raise DamagedModel(f"{path} holds {len(labels)} labels but model.json says the model has {num_labels} "
                        f"(num_labels): the label list does not match the model; {REDO}")
     if len(set(labels)) != len(labels):
         seen, duplicate = set(), None
@@ -323,37 +323,37 @@ def _read_labels(directory: Path, num_labels: int) -> list[str]:
                 duplicate = name
                 break
             seen.add(name)
-        raise XmcError(f"{path} names label {duplicate!r} twice: the label list is damaged; {REDO}")
+        raise DamagedModel(f"{path} names label {duplicate!r} twice: the label list is damaged; {REDO}")
     return labels
 
 
 def _safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
     """Check that `path` is a complete safetensors file without loading it: {name: (dtype, shape)}."""
     if not path.is_file():
-        raise XmcError(f"{path} is missing: the model directory is incomplete; {REDO}")
+        raise DamagedModel(f"{path} is missing: the model directory is incomplete; {REDO}")
     size = path.stat().st_size
     damaged = f"{path} is not a safetensors file (its header is unreadable): the weights are damaged; {REDO}"
     try:
         with open(path, "rb") as file:
             prefix = file.read(8)
             if len(prefix) < 8:
-                raise XmcError(f"{path} is truncated ({size} bytes, not even a header): the weights are "
+                raise DamagedModel(f"{path} is truncated ({size} bytes, not even a header): the weights are "
                                f"incomplete; {REDO}")
             header_bytes = int.from_bytes(prefix, "little")
             if header_bytes < 2 or header_bytes > MAX_HEADER_BYTES:
-                raise XmcError(damaged)
+                raise DamagedModel(damaged)
             if 8 + header_bytes > size:
-                raise XmcError(f"{path} is truncated or is not a safetensors file ({size} bytes, its header "
+                raise DamagedModel(f"{path} is truncated or is not a safetensors file ({size} bytes, its header "
                                f"claims {8 + header_bytes}): the weights are damaged; {REDO}")
             raw = file.read(header_bytes)
     except OSError as error:
-        raise XmcError(f"cannot read {path}: {error.strerror or error}") from None
+        raise DamagedModel(f"cannot read {path}: {error.strerror or error}") from None
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise XmcError(damaged) from None
+        raise DamagedModel(damaged) from None
     if not isinstance(header, dict):
-        raise XmcError(damaged)
+        raise DamagedModel(damaged)
     tensors, end = {}, 0
     for name, entry in header.items():
         if name == "__metadata__":
@@ -365,17 +365,17 @@ def _safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
         except (KeyError, TypeError, ValueError):
             valid = False
         if not valid:
-            raise XmcError(f"{path} describes tensor {name!r} inconsistently: the weights are damaged; {REDO}")
+            raise DamagedModel(f"{path} describes tensor {name!r} inconsistently: the weights are damaged; {REDO}")
         if dtype in DTYPE_BYTES and stop - begin != math.prod(shape) * DTYPE_BYTES[dtype]:
-            raise XmcError(f"{path} describes tensor {name!r} ({dtype} {shape}) with {stop - begin} bytes of data: "
+            raise DamagedModel(f"{path} describes tensor {name!r} ({dtype} {shape}) with {stop - begin} bytes of data: "
                            f"the weights are damaged; {REDO}")
         tensors[name] = (dtype, shape)
         end = max(end, stop)
     expected = 8 + header_bytes + end
     if size < expected:
-        raise XmcError(f"{path} is truncated ({size} of {expected} bytes): the weights are incomplete; {REDO}")
+        raise DamagedModel(f"{path} is truncated ({size} of {expected} bytes): the weights are incomplete; {REDO}")
     if size > expected:
-        raise XmcError(f"{path} has {size - expected} unexpected bytes after its tensors: the weights are "
+        raise DamagedModel(f"{path} has {size - expected} unexpected bytes after its tensors: the weights are "
                        f"damaged; {REDO}")
     return tensors
 
@@ -400,27 +400,27 @@ def _verify_files(directory: Path, meta: dict) -> None:
                       if (found.is_symlink() or not found.is_dir())
                       and found.relative_to(directory).as_posix() not in listed)
     if unlisted:
-        raise XmcError(f"{directory / unlisted[0]} is not one of the files model.json lists"
+        raise DamagedModel(f"{directory / unlisted[0]} is not one of the files model.json lists"
                        + (f" ({len(unlisted)} such files)" if len(unlisted) > 1 else "")
                        + f": a model folder holds exactly the files saved with it, and a file added later could "
                        f"change its predictions; remove it, or {REDO}")
     for name, record in files.items():          # sizes first: cheap, and the clearest message
         file = directory / name
         if not file.is_file():
-            raise XmcError(f"{file} is missing: the model directory is incomplete; {REDO}")
+            raise DamagedModel(f"{file} is missing: the model directory is incomplete; {REDO}")
         size = file.stat().st_size
         if size != record["bytes"]:
             state = "truncated" if size < record["bytes"] else "longer than when it was saved"
-            raise XmcError(f"{file} is {state} ({size} bytes, model.json recorded {record['bytes']}): the file is "
+            raise DamagedModel(f"{file} is {state} ({size} bytes, model.json recorded {record['bytes']}): the file is "
                            f"damaged or comes from another model; {REDO}")
     for name, record in files.items():
         file = directory / name
         try:
             found = file_digest(file)["sha256"]
         except OSError as error:
-            raise XmcError(f"cannot read {file}: {error.strerror or error}") from None
+            raise DamagedModel(f"cannot read {file}: {error.strerror or error}") from None
         if found != record["sha256"]:
-            raise XmcError(f"{file} does not match the checksum (sha256) recorded in model.json: it was modified "
+            raise DamagedModel(f"{file} does not match the checksum (sha256) recorded in model.json: it was modified "
                            f"or damaged after saving, or comes from another model; {REDO}")
 
 
@@ -431,7 +431,7 @@ def _check_encoder_params(path: Path, encoder_params: dict) -> None:
         if not isinstance(value, str) or value == ENCODER_FOLDER:
             continue
         if key == "model_name" or "/" in value or "\\" in value or value.startswith("."):
-            raise XmcError(f"{path}: encoder_params.{key} is {value!r}, but a model folder may only refer to its "
+            raise DamagedModel(f"{path}: encoder_params.{key} is {value!r}, but a model folder may only refer to its "
                            f"own {ENCODER_FOLDER}/ folder; {REDO}")
 
 
@@ -442,7 +442,7 @@ def _check_components(registry: Registry, config: TrainConfig, flat: bool, path:
         if name not in registry.components[kind]:
             known = ", ".join(sorted(registry.components[kind])) or "none"
             failed = registry.failed and "; plugins that failed to load: " + ", ".join(f[0] for f in registry.failed)
-            raise XmcError(f"{path}: the model uses {kind} {name!r}, which no installed plugin provides "
+            raise UnknownName(f"{path}: the model uses {kind} {name!r}, which no installed plugin provides "
                            f"(installed {kind}s: {known}{failed or ''}); install the plugin that registers "
                            f"{kind} {name!r} (`xmcbench plugins` lists the loaded ones)")
 
@@ -456,11 +456,11 @@ def _check_weights(path: Path, tensors: dict, model: XMCModel, stored: str) -> N
         if name not in expected:
             continue
         if list(expected[name].shape) != shape:
-            raise XmcError(f"{path} does not match model.json: tensor {name!r} has shape {shape} but model.json "
+            raise DamagedModel(f"{path} does not match model.json: tensor {name!r} has shape {shape} but model.json "
                            f"describes a model that needs {list(expected[name].shape)}; {REDO}")
         wanted = floating if expected[name].is_floating_point() else SAFETENSORS_DTYPES.get(expected[name].dtype)
         if wanted is not None and dtype != wanted:
-            raise XmcError(f"{path} does not match model.json: tensor {name!r} is stored as {dtype} but model.json "
+            raise DamagedModel(f"{path} does not match model.json: tensor {name!r} is stored as {dtype} but model.json "
                            f"(storage_dtype {stored}) describes it as {wanted}; {REDO}")
 
 
@@ -478,18 +478,18 @@ def load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Train
     except XmcError as error:
         message = str(error)
         if "\n" in message or "\r" in message:
-            raise XmcError(joined_line(message)) from None
+            raise DamagedModel(joined_line(message)) from None
         raise
 
 
 def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, TrainConfig, list[str]]:
     if not directory.exists():
-        raise XmcError(f"{directory} does not exist (give a run directory written by `xmcbench run`)")
+        raise DamagedModel(f"{directory} does not exist (give a run directory written by `xmcbench run`)")
     if (directory / "model").is_dir():   # a run directory was given
         directory = directory / "model"
     meta_path = directory / "model.json"
     if not meta_path.exists():
-        raise XmcError(f"{directory} is not an xmcbench model: model.json is missing "
+        raise DamagedModel(f"{directory} is not an xmcbench model: model.json is missing "
                        "(give a run directory written by `xmcbench run`)")
     meta = _read_meta(directory)
     num_labels, num_clusters, width = meta["num_labels"], meta["num_clusters"], meta["cluster_size"]
@@ -499,7 +499,7 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
     encoder_params = dict(meta["encoder_params"])
     _check_encoder_params(meta_path, encoder_params)
     if ENCODER_FOLDER in encoder_params.values() and not (directory / ENCODER_FOLDER).is_dir():
-        raise XmcError(f"{directory / ENCODER_FOLDER} is missing: the encoder's config and tokenizer are not in "
+        raise DamagedModel(f"{directory / ENCODER_FOLDER} is missing: the encoder's config and tokenizer are not in "
                        f"the model directory; {REDO}")
     _verify_files(directory, meta)
 
@@ -507,7 +507,7 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
         config = TrainConfig.from_dict(meta["config"])
     except XmcError as error:
         version = meta.get("xmcbench_version")
-        raise XmcError(f"{meta_path}: {joined_line(error)}: the model was written by another xmcbench "
+        raise DamagedModel(f"{meta_path}: {joined_line(error)}: the model was written by another xmcbench "
                        f"({version}) or its description is damaged; upgrade xmcbench or {REDO}") from None
     flat = width == 1 and num_clusters == num_labels
     _check_components(registry, config, flat, meta_path)
@@ -529,21 +529,21 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
         model = build_model(registry, dataclasses.replace(config, pretrained_weights=False), clusters,
                             encoder_params, label_info)
     except XmcError as error:
-        raise XmcError(f"cannot rebuild the model of {directory}: {joined_line(error)}; {REDO}") from None
+        raise DamagedModel(f"cannot rebuild the model of {directory}: {joined_line(error)}; {REDO}") from None
     _check_weights(weights, tensors, model, meta["storage_dtype"])
     try:   # load_state_dict copies each stored tensor into the model's float32 one: half ones are upcast
         missing, unexpected = load_model(model, str(weights), strict=False, device="cpu")
     except Exception as error:  # safetensors raises several types for damaged files
-        raise XmcError(f"{weights} cannot be read: {joined_line(error)}; {REDO}") from None
+        raise DamagedModel(f"{weights} cannot be read: {joined_line(error)}; {REDO}") from None
     if missing or unexpected:
         parts = ([_describe_names("it lacks", missing)] if missing else []) + \
                 ([_describe_names("it has unexpected tensors", unexpected)] if unexpected else [])
-        raise XmcError(f"{weights} does not match model.json: {'; '.join(parts)}; {REDO}")
+        raise DamagedModel(f"{weights} does not match model.json: {'; '.join(parts)}; {REDO}")
     label_cluster, cluster_labels = model.label_cluster, model.cluster_labels
     if (len(label_cluster) and (label_cluster.min() < 0 or label_cluster.max() >= num_clusters)) \
             or cluster_labels.min() < -1 or cluster_labels.max() >= num_labels \
             or int((cluster_labels >= 0).sum()) != num_labels:
-        raise XmcError(f"{weights} holds label clusters that do not match model.json ({num_labels} labels in "
+        raise DamagedModel(f"{weights} holds label clusters that do not match model.json ({num_labels} labels in "
                        f"{num_clusters} clusters): the weights are damaged; {REDO}")
     for name, component in _components_with_files(model).items():
         # its listed files were verified above; a component that wrote none may find its (empty) folder gone,
@@ -552,7 +552,7 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
         try:
             component.load_files(folder)
         except XmcError as error:
-            raise XmcError(f"cannot read the files of the model's {name} in {folder}: {joined_line(error)}; "
+            raise DamagedModel(f"cannot read the files of the model's {name} in {folder}: {joined_line(error)}; "
                            f"{REDO}") from None
     model.eval()
     return model, config, label_names

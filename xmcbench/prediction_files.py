@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xmcbench.errors import XmcError, joined_line
+from xmcbench.errors import DamagedModel, XmcError, joined_line
 
 
 @dataclass
@@ -46,7 +46,7 @@ def read_predictions(path: Path, num_labels: int | None, remedy: str, documents:
     try:
         saved = load_file(str(path))
     except Exception as error:   # safetensors raises several types for a file that is not one
-        raise XmcError(f"{path} cannot be read ({joined_line(error)}); {remedy}") from None
+        raise DamagedModel(f"{path} cannot be read ({joined_line(error)}); {remedy}") from None
     labels, scores, rows = saved.get("labels"), saved.get("scores"), saved.get("rows")
 
     def refuse(problem: str) -> XmcError:
