@@ -5,14 +5,15 @@ from xmcbench_lightxml.datasets import paper_datasets
 from xmcbench_lightxml.encoder import build_transformer_cls
 from xmcbench_lightxml.methods import lightxml_methods
 from xmcbench_lightxml.ranker import build_bottleneck
-from xmcbench_lightxml.recaller import build_cluster_linear
+from xmcbench_lightxml.recaller import RECALLER_OPTIONS, build_cluster_linear, check_cluster_linear
 from xmcbench_lightxml.sampler import build_dynamic, build_random, build_static
 
 
 @hookimpl
 def xmcbench_register_components(registry):
     registry.add_component("encoder", "transformer-cls", build_transformer_cls)
-    registry.add_component("recaller", "cluster-linear", build_cluster_linear)
+    registry.add_component("recaller", "cluster-linear", build_cluster_linear, options=RECALLER_OPTIONS,
+                           check=check_cluster_linear)
     registry.add_component("ranker", "bottleneck", build_bottleneck)
     registry.add_component("sampler", "dynamic", build_dynamic)
     registry.add_component("sampler", "static", build_static)

@@ -3,7 +3,15 @@
 import torch
 from torch import nn
 
-from xmcbench.interfaces import Recaller
+from xmcbench.config import Option
+from xmcbench.errors import RefusedSetting
+from xmcbench.interfaces import EpochContext, LabelInfo, Recaller
+
+POSITIVE_WEIGHT = Option("positive_weight", str, "none", "weight of a label's positives in the recall loss: none, or "
+                         "propensity (its inverse propensity, 1/p_l of PSP@k: about 1 for the most frequent labels, "
+                         "up to about 10 for labels seen once); propensity needs a flat run (one label per cluster)",
+                         choices=("none", "propensity"))
+RECALLER_OPTIONS = (POSITIVE_WEIGHT,)
 
 
 class ClusterLinearRecaller(Recaller):
@@ -18,5 +26,35 @@ class ClusterLinearRecaller(Recaller):
         return self.linear(representation)
 
 
+class PropensityWeightedRecaller(ClusterLinearRecaller):
+    """A flat `cluster-linear` whose recall loss weighs each label's positives by its inverse propensity
+    (options.positive_weight=propensity): a label seen once counts about ten times a frequent one where it is
+    positive, against the negatives every document gives it. The (L,) weights come from the run's LabelInfo when
+    an epoch starts and are kept as a buffer, so a run resumed inside an epoch has them."""
+
+    def __init__(self, in_dim: int, num_clusters: int) -> None:
+        super().__init__(in_dim, num_clusters)
+        self.register_buffer("positive_weights", torch.ones(num_clusters))
+
+    def start_epoch(self, context: EpochContext) -> None:
+        weights = torch.as_tensor(context.label_info.inverse_propensities, dtype=torch.float32)
+        self.positive_weights.copy_(weights.to(self.positive_weights.device))
+
+    def loss(self, logits: torch.Tensor, cluster_targets: torch.Tensor) -> torch.Tensor:
+        return nn.functional.binary_cross_entropy_with_logits(logits.float(), cluster_targets,
+                                                              pos_weight=self.positive_weights)
+
+
 def build_cluster_linear(config, in_dim: int, num_clusters: int) -> ClusterLinearRecaller:
+    if POSITIVE_WEIGHT.value_of(config) == "propensity":
+        return PropensityWeightedRecaller(in_dim, num_clusters)
     return ClusterLinearRecaller(in_dim, num_clusters)
+
+
+def check_cluster_linear(config, label_info: LabelInfo) -> None:
+    """Refuses, before a run starts, propensity weights where a cluster holds several labels (one weight would
+    stand for labels of every frequency)."""
+    flat = config.cluster_size == 1 or config.num_clusters == len(label_info.names)
+    if POSITIVE_WEIGHT.value_of(config) == "propensity" and not flat:
+        raise RefusedSetting("options.positive_weight=propensity weighs each label's positives, so it needs one label "
+                             "per cluster (a flat run: --set cluster_size=1); drop it for a run with label clusters")
