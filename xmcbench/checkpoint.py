@@ -113,7 +113,7 @@ def load_checkpoint(directory: Path) -> dict | None:
         name = read_json(pointer)["directory"]
         if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
             raise DamagedModel(f"{pointer} names {name!r}, which is not a checkpoint folder inside {directory}; "
-                           f"delete {directory} to restart the run from scratch")
+                               f"delete {directory} to restart the run from scratch")
         target = directory / name
         skeleton = read_json(target / "state.json")
         tensors = load_file(str(target / "tensors.safetensors"))
@@ -121,5 +121,5 @@ def load_checkpoint(directory: Path) -> dict | None:
         raise
     except Exception as error:  # JSON, key and safetensors errors all mean the same thing here
         raise DamagedModel(f"the checkpoint in {directory} cannot be read ({error_line(error)}); delete {directory} "
-                       "to restart the run from scratch") from None
+                           "to restart the run from scratch") from None
     return join_state(skeleton, tensors)

@@ -101,8 +101,8 @@ class TrainConfig:
         # first: a deep eval_ks raises top_k, whose range error would not name the setting given
         if not self.eval_ks or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_TOP_K
                                    for k in self.eval_ks):
-            raise RefusedSetting(f"{source}: eval_ks={format_ks(self.eval_ks)} must be a list of integers between 1 and "
-                           f"{MAX_TOP_K}, e.g. eval_ks=1,3,5,10,100")
+            raise RefusedSetting(f"{source}: eval_ks={format_ks(self.eval_ks)} must be a list of integers between 1 "
+                                 f"and {MAX_TOP_K}, e.g. eval_ks=1,3,5,10,100")
         for key, (low, high) in SETTING_RANGES.items():
             value = getattr(self, key)
             if isinstance(value, float) and not math.isfinite(value):
@@ -112,25 +112,25 @@ class TrainConfig:
                 raise RefusedSetting(f"{source}: {key}={value} is out of range; it must be {bounds}")
         if self.score_combiner not in SCORE_COMBINERS:
             raise RefusedSetting(f"{source}: score_combiner={self.score_combiner!r} is not one of "
-                           f"{', '.join(SCORE_COMBINERS)}")
+                                 f"{', '.join(SCORE_COMBINERS)}")
         if not 0.0 <= self.zero_shot_labels < 1.0:
-            raise RefusedSetting(f"{source}: zero_shot_labels={self.zero_shot_labels:g} is out of range; it must be in [0, 1) "
-                           "(the share of the test set's labels held out of training, e.g. 0.05)")
+            raise RefusedSetting(f"{source}: zero_shot_labels={self.zero_shot_labels:g} is out of range; it must be "
+                                 "in [0, 1) (the share of the test set's labels held out of training, e.g. 0.05)")
         if not 0.0 <= self.dropout < 1.0:
             raise RefusedSetting(f"{source}: dropout={self.dropout:g} is out of range; it must be in [0, 1)")
         if self.top_k < max(self.eval_ks):
             raise RefusedSetting(f"{source}: top_k={self.top_k} keeps fewer labels than eval_ks asks for "
-                           f"(@{max(self.eval_ks)}); set top_k={max(self.eval_ks)} or more")
+                                 f"(@{max(self.eval_ks)}); set top_k={max(self.eval_ks)} or more")
         levels = self.tree_levels
         if any(n & (n - 1) for n in levels) or any(a >= b for a, b in zip(levels, levels[1:])):
             raise RefusedSetting(f"{source}: tree_levels={format_ks(levels)} must be increasing powers of two, coarse "
-                           "to fine, e.g. tree_levels=1024,8192")
+                                 "to fine, e.g. tree_levels=1024,8192")
         if self.level_top and len(self.level_top) != len(levels) and not tree_derived_later:
             raise RefusedSetting(f"{source}: level_top={format_ks(self.level_top)} must give one count per tree level "
-                           f"({len(levels)}: tree_levels={format_ks(levels)}), or be empty")
+                                 f"({len(levels)}: tree_levels={format_ks(levels)}), or be empty")
         if self.num_clusters and self.num_clusters & (self.num_clusters - 1):
             raise RefusedSetting(f"{source}: num_clusters={self.num_clusters} must be a power of two (or 0 to use "
-                           "cluster_size)")
+                                 "cluster_size)")
 
 
 # A run keeps at least 5 labels per document (validation selects on metrics up to @5, weighted ensembles
@@ -187,7 +187,7 @@ def check_top_k(top_k: int) -> None:
     """The labels asked of `predict` per text: a whole number (not a bool, a float or a string), 1 to MAX_TOP_K."""
     if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
         raise RefusedSetting(f"top_k must be a whole number between 1 and {MAX_TOP_K}, got {top_k!r} "
-                       f"({type(top_k).__name__})")
+                             f"({type(top_k).__name__})")
     if not 1 <= top_k <= MAX_TOP_K:
         raise RefusedSetting(f"--top-k must be between 1 and {MAX_TOP_K}, got {top_k}")
 
@@ -223,7 +223,7 @@ def copy_encoder_to_ranker_encoder(model, stage_name: str) -> None:
     """The ranker's own encoder starts from the shared encoder's weights (the paper's BS ablation)."""
     if model.ranker_encoder is None:
         raise RefusedSetting(f"stage {stage_name!r} copies the encoder into the ranker's own encoder, but the "
-                       "model has none: set separate_ranker_encoder=true")
+                             "model has none: set separate_ranker_encoder=true")
     model.ranker_encoder.load_state_dict(model.encoder.state_dict())
 
 
@@ -255,8 +255,8 @@ class Stage:
         if unknown or not self.losses or (self.start is not None and self.start not in STAGE_STARTS) or \
                 epochs_setting is None or epochs_setting.type not in (int, "int"):
             raise RefusedSetting(f"stage {self.name!r} is malformed: trains {self.trains}, losses {self.losses}, "
-                           f"epochs_key {self.epochs_key!r}, start {self.start!r}; parts are {TRAINABLE_PARTS}, "
-                           f"losses {LOSS_PARTS}, starts {tuple(STAGE_STARTS)}, epochs_key an integer setting")
+                                 f"epochs_key {self.epochs_key!r}, start {self.start!r}; parts are {TRAINABLE_PARTS}, "
+                                 f"losses {LOSS_PARTS}, starts {tuple(STAGE_STARTS)}, epochs_key an integer setting")
 
     def epochs(self, config: TrainConfig) -> int:
         return getattr(config, self.epochs_key)
@@ -382,7 +382,7 @@ def readable_file(value: Any, key: str, source: str) -> str:
             pass
     except OSError as error:
         raise RefusedSetting(f"{source}: {key}={value} cannot be read ({error.strerror}); fix its permissions or give "
-                       "another file") from None
+                             "another file") from None
     return str(path.resolve())
 
 
@@ -519,7 +519,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
         values = json.loads(text) if str(path).endswith(".json") else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
         raise RefusedSetting(f"config file {path} is not valid {'JSON' if str(path).endswith('.json') else 'TOML'}: "
-                       f"{error}") from None
+                             f"{error}") from None
     if not isinstance(values, dict):
         raise RefusedSetting(f"config file {path} must hold a table of key = value settings")
     return values

@@ -163,7 +163,7 @@ def label_texts_file(folder: PathLike) -> Traversable | Path | None:
     found = [file for name in LABEL_TEXTS_FILES if (file := _first_file(folder, (name,))) is not None]
     if len(found) > 1:
         raise BadData(f"{folder} holds {found[0].name} and {found[1].name}: a dataset has one table of label texts; "
-                       "remove one of them")
+                      "remove one of them")
     return found[0] if found else None
 
 
@@ -219,7 +219,7 @@ def resolve_files(spec: DatasetSpec, data_dir: Path | None) -> Traversable | Pat
     if spec.embedded is not None:
         if not spec.embedded.is_dir():
             raise BadData(f"built-in dataset '{spec.name}' has no files at {spec.embedded}; reinstall xmcbench "
-                           f"(e.g. pip install -e .) so that the package xmcbench_datasets is complete")
+                          f"(e.g. pip install -e .) so that the package xmcbench_datasets is complete")
         _, missing = _dataset_files(spec.embedded)
         if missing:
             raise _not_found(spec, str(spec.embedded), missing,
@@ -315,7 +315,7 @@ def _check_line_ends(name: object, lone_cr: int, lines: int) -> None:
     \\r alone (classic Mac OS): read as one line, its documents would silently merge."""
     if lone_cr > lines:
         raise BadData(f"{name} ends its lines with a lone carriage return (\\r, classic Mac OS): {lone_cr} of them "
-                       f"in {lines} line(s); convert it to \\n line ends, e.g. tr '\\r' '\\n' < IN > OUT")
+                      f"in {lines} line(s); convert it to \\n line ends, e.g. tr '\\r' '\\n' < IN > OUT")
 
 
 def _read_lines(file: PathLike, counts: dict[str, int], digest=None, errors: str = "replace") -> list[str]:
@@ -417,7 +417,7 @@ def read_label_table(file: PathLike) -> LabelTable:
     except UnicodeDecodeError as err:
         line = raw.removeprefix(_BOM)[:err.start].count(b"\n") + 1
         raise BadData(f"{file}:{line}: not UTF-8 (byte {err.start} of the file); label texts are matched to label "
-                       "names by their exact characters, so save the file as UTF-8") from None
+                      "names by their exact characters, so save the file as UTF-8") from None
     kind = _table_kind(file)
     rows = _tsv_rows(file, content) if kind == "tsv" else _csv_rows(file, content) if kind == "csv" \
         else _jsonl_rows(file, content)
@@ -428,7 +428,7 @@ def read_label_table(file: PathLike) -> LabelTable:
             raise BadData(f"{file}:{line}: the label name is empty; each row names a label, then its text")
         if label in first_line:
             raise BadData(f"{file}:{line}: label {label!r} is listed again (first on line {first_line[label]}); "
-                           "give each label one text")
+                          "give each label one text")
         first_line[label] = line
         texts[label] = text
     return LabelTable(texts, digest)
@@ -456,14 +456,14 @@ def _csv_rows(file: PathLike, content: str):
         header = next(reader, None)
         if header is None or "label" not in header or "text" not in header:
             raise BadData(f"{file}: the header row must name the columns 'label' and 'text' (it has: "
-                           f"{', '.join(header or []) or 'none'})")
+                          f"{', '.join(header or []) or 'none'})")
         label_at, text_at = header.index("label"), header.index("text")
         for row in reader:
             if not row:
                 continue
             if len(row) != len(header):
                 raise BadData(f"{file}:{reader.line_num}: the row has {len(row)} fields but the header has "
-                               f"{len(header)}; quote fields that contain commas or line breaks")
+                              f"{len(header)}; quote fields that contain commas or line breaks")
             yield reader.line_num, row[label_at], row[text_at]
     except csv.Error as error:
         raise BadData(f"{file}:{reader.line_num}: {error}; check the quoting of that row") from None
@@ -479,7 +479,7 @@ def _jsonl_rows(file: PathLike, content: str):
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise BadData(f"{file}:{number}: not a JSON object ({error.msg}); write one "
-                           '{"label": ..., "text": ...} object per line') from None
+                          '{"label": ..., "text": ...} object per line') from None
         if not isinstance(record, dict) or not isinstance(record.get("label"), str) \
                 or not isinstance(record.get("text"), str):
             raise BadData(f"{file}:{number}: expected an object with the strings \"label\" and \"text\"")
@@ -569,13 +569,13 @@ def _load(spec: DatasetSpec, folder: Traversable | Path) -> Dataset:
     test_texts, test_rows = split_data["test"]
     if not train_texts:
         raise BadData(f"dataset '{spec.name}' has no training documents: {files['train_texts']} is empty; "
-                       f"fill it with one document per line")
+                      f"fill it with one document per line")
     if not test_texts:
         raise BadData(f"dataset '{spec.name}' has no test documents: {files['test_texts']} is empty; "
-                       f"fill it with one document per line (a run scores its model on the test set)")
+                      f"fill it with one document per line (a run scores its model on the test set)")
     if not any(train_rows):
         raise BadData(f"dataset '{spec.name}' has no training labels: every line of {files['train_labels']} "
-                       f"is empty; put each document's labels on its line, separated by spaces")
+                      f"is empty; put each document's labels on its line, separated by spaces")
 
     train_vocab = sorted(set(chain.from_iterable(train_rows)))
     test_only = sorted(set(chain.from_iterable(test_rows)).difference(train_vocab))

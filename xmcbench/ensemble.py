@@ -480,7 +480,8 @@ def read_ensemble(directory: Path) -> Ensemble:
     path = directory / ENSEMBLE_FILE
     spec = read_json(path, "the ensemble description")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), int):
-        raise DamagedModel(f"{path} is not an ensemble description (no schema number); rebuild it with `xmcbench ensemble`")
+        raise DamagedModel(f"{path} is not an ensemble description (no schema number); rebuild it with "
+                           "`xmcbench ensemble`")
     if spec["schema"] > SCHEMA_VERSION:
         raise XmcError(f"{path} has ensemble schema {spec['schema']} but this xmcbench reads {SCHEMA_VERSION} at "
                        "most; upgrade xmcbench")

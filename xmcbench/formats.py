@@ -79,8 +79,9 @@ class FormatOptions:
         used = [name for name in names if getattr(self, name) is not None]
         if used:
             flags = ", ".join("--" + name.replace("_", "-") for name in used)
-            raise RefusedSetting(f"the {format_name} format does not use {flags}; drop {'it' if len(used) == 1 else 'them'}"
-                           f" (`xmcbench formats` lists what each format reads)")
+            raise RefusedSetting(f"the {format_name} format does not use {flags}; "
+                                 f"drop {'it' if len(used) == 1 else 'them'} (`xmcbench formats` lists what each "
+                                 "format reads)")
 
 
 @dataclass(frozen=True)
@@ -120,9 +121,9 @@ def detect_format(registry, path: Path) -> DataFormat:
     names = ", ".join(sorted(registry.formats)) or "none is registered"
     if not matches:
         raise BadData(f"{path} is in no data format xmcbench recognises (registered formats: {names}); choose "
-                       f"one with {FORMAT_OPTION_HINT}, and see docs/data-formats.md for the layouts")
+                      f"one with {FORMAT_OPTION_HINT}, and see docs/data-formats.md for the layouts")
     raise BadData(f"{path} looks like several data formats: {', '.join(sorted(f.name for f in matches))}; choose "
-                   f"one with {FORMAT_OPTION_HINT}")
+                  f"one with {FORMAT_OPTION_HINT}")
 
 
 def _detects(data_format: DataFormat, path: Path) -> bool:
@@ -147,7 +148,7 @@ def read_dataset(registry, path: Path, options: FormatOptions | None = None) -> 
         if dataset.label_texts is not None:
             source = own_table.name if own_table is not None else f"its {data_format.name} files"
             raise BadData(f"{path} carries label texts of its own (from {source}); drop --label-texts, or remove "
-                           f"the dataset's own so that {options.label_texts} gives them")
+                          f"the dataset's own so that {options.label_texts} gives them")
         dataset = with_label_table(dataset, Path(options.label_texts))
     return dataset
 
@@ -295,7 +296,7 @@ def _check_sizes(where: str, num_train: int, num_test: int) -> None:
         raise BadData(f"{where} has no training documents; it needs at least one row in its training part")
     if not num_test:
         raise BadData(f"{where} has no test documents (a run scores its model on the test set); add test rows, "
-                       "or split one file with --test-size")
+                      "or split one file with --test-size")
 
 
 def _count(counts: dict[str, int], key: str, n: int) -> None:
@@ -320,7 +321,7 @@ def _dataset(name, version, label_names, num_labels, train_texts, train_labels, 
     _count(counts, "unseen_test_labels", len(label_names) - num_labels)
     if train_features is not None and test_features is not None and train_features.shape[1] != test_features.shape[1]:
         raise BadData(f"{where}: the training features have {train_features.shape[1]} columns but the test "
-                       f"features {test_features.shape[1]}; both splits need one feature space")
+                      f"features {test_features.shape[1]}; both splits need one feature space")
     return Dataset(name=name, version=version, label_names=label_names, num_labels=num_labels,
                    train_texts=train_texts, train_labels=train_labels, test_texts=test_texts, test_labels=test_labels,
                    feature_file=None, propensity_a=0.55, propensity_b=1.5, report=counts,
@@ -352,7 +353,7 @@ def split_test(num_rows: int, test_size: float, seed: int = 0,
     what = "groups (distinct ids)" if groups is not None else "rows"
     if not 0 < count < units:
         raise RefusedSetting(f"--test-size {test_size} leaves no {'test' if count <= 0 else 'training'} {what} out of "
-                       f"{units}; choose a share between 0 and 1 or a count below {units}")
+                             f"{units}; choose a share between 0 and 1 or a count below {units}")
     splitter = (GroupShuffleSplit if groups is not None else ShuffleSplit)(n_splits=1, test_size=count,
                                                                           random_state=seed)
     index = np.zeros((num_rows, 1))
@@ -367,7 +368,7 @@ def _test_size(value: float) -> float | int:
     if 0 < value < 1:
         return value
     raise RefusedSetting(f"--test-size {value:g} is neither a share between 0 and 1 nor a whole number of rows; "
-                   "e.g. --test-size 0.2 or --test-size 500")
+                         "e.g. --test-size 0.2 or --test-size 500")
 
 
 # ---------------------------------------------------------------------------------------------- XC sparse files
@@ -402,7 +403,7 @@ def _xc_header_and_body(path: Path, parse_header, expected: str) -> tuple[tuple[
     header = parse_header(raw[:first_end if first_end >= 0 else len(raw)])
     if header is None:
         raise BadData(f"{path}: line 1 is not the {expected} header of an Extreme Classification Repository file; "
-                       "add it, or pass --format for another layout")
+                      "add it, or pass --format for another layout")
     return header, raw[first_end + 1:] if first_end >= 0 else b""
 
 
@@ -419,14 +420,14 @@ def _parse_xc_body(path: Path, body: bytes, num_docs: int, num_columns: int,
                                               zero_based=True, dtype=np.float64)
     except ValueError as error:
         raise BadData(f"{path}: not a valid Extreme Classification Repository file after its header ({error}); "
-                       f"expected {expected}") from None
+                      f"expected {expected}") from None
     features = sp.csr_matrix(features, dtype=np.float32)
     labels = list(labels)
     if features.shape[0] != num_docs:
         features, labels = _with_empty_lines(body, features, labels)
     if features.shape[0] != num_docs:
         raise BadData(f"{path}: header line 1 says {num_docs} documents but the file has {features.shape[0]} "
-                       "data lines; fix the header or re-export the file")
+                      "data lines; fix the header or re-export the file")
     if not np.isfinite(features.data).all():
         raise BadData(f"{path}: a value is not a finite number (nan or inf); fix or drop that entry")
     return features, labels
@@ -448,7 +449,7 @@ def read_xc_sparse(path: Path) -> XcSparse:
     ids = np.fromiter(chain.from_iterable(labels), dtype=np.float64, count=int(lengths.sum()))
     if ids.size and (ids.min() < 0 or ids.max() >= num_labels or not np.array_equal(ids, np.floor(ids))):
         raise BadData(f"{path}: a label id is not a whole number in [0, {num_labels}), the header's label count; "
-                       "ids are 0-based")
+                      "ids are 0-based")
     indptr = np.concatenate([[0], np.cumsum(lengths)])
     label_matrix = sp.csr_matrix((np.ones(ids.size, dtype=np.float32), ids.astype(np.int64), indptr),
                                  shape=(num_docs, num_labels))

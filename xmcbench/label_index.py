@@ -196,5 +196,5 @@ def _read_graph(path: Path, expected: dict, index: LabelIndex, redo: str):
     graph = faiss.read_index(str(path))
     if graph.ntotal != index.num_labels or graph.d != index.dim:
         raise DamagedModel(f"{path} holds {graph.ntotal} vectors of dimension {graph.d}, not {index.num_labels} of "
-                       f"{index.dim}: {redo}")
+                           f"{index.dim}: {redo}")
     return graph

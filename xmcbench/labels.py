@@ -78,5 +78,5 @@ def load_label_info(directory: Path, names: list[str], remedy: str) -> LabelInfo
         valid = False
     if not valid:
         raise DamagedModel(f"{path} does not describe the model's {size} labels (texts, counts, inverse_propensities): "
-                       f"the label information is damaged; {remedy}")
+                           f"the label information is damaged; {remedy}")
     return LabelInfo(tuple(names), None if texts is None else tuple(texts), counts, inverse)

@@ -115,8 +115,8 @@ def tree_levels(registry: Registry, config: TrainConfig, clusters: LabelClusters
         return ()
     if clusters.is_flat or config.tree_levels[-1] >= clusters.num_clusters:
         raise RefusedSetting(f"tree_levels={','.join(map(str, config.tree_levels))} must have fewer nodes than the "
-                       f"{clusters.num_clusters if not clusters.is_flat else 'flat'} leaf clusters below them; "
-                       "set cluster_size (e.g. 8) or num_clusters above the last tree level")
+                             f"{clusters.num_clusters if not clusters.is_flat else 'flat'} leaf clusters below them; "
+                             "set cluster_size (e.g. 8) or num_clusters above the last tree level")
     in_dims = getattr(encoder, "level_dims", None) or (encoder.out_dim,) * (2 + len(config.tree_levels))
     keeps = config.level_top or (config.top_clusters,) * len(config.tree_levels)
     levels = []
@@ -136,7 +136,7 @@ def storage_dtype(name: str) -> torch.dtype:
     """The torch dtype of a storage_dtype setting; any other value ends in one XmcError line."""
     if name not in STORAGE_DTYPES:
         raise RefusedSetting(f"storage_dtype={name!r} is not a storage dtype; valid ones: {', '.join(STORAGE_DTYPES)} "
-                       f"(e.g. --set storage_dtype=float16)")
+                             f"(e.g. --set storage_dtype=float16)")
     return STORAGE_DTYPES[name]
 
 
@@ -272,19 +272,19 @@ def read_signed_description(path: Path, schema_version: int, required_keys: tupl
         written_by = meta.get("xmcbench_version")
         by = f" {written_by}" if isinstance(written_by, str) else ""
         raise DamagedModel(f"{path} has model schema {schema} but this xmcbench ({xmcbench.__version__}) reads "
-                       f"schema {schema_version} at most: the model was written by a newer xmcbench{by}; "
-                       "upgrade xmcbench (pip install -U xmcbench)")
+                           f"schema {schema_version} at most: the model was written by a newer xmcbench{by}; "
+                           "upgrade xmcbench (pip install -U xmcbench)")
     recorded = meta.get(SELF_CHECKSUM)
     if recorded is None:
         raise DamagedModel(f"{path} has no checksum of its own ({SELF_CHECKSUM!r}): it was written by an older "
-                       f"xmcbench, or edited; {REDO}")
+                           f"xmcbench, or edited; {REDO}")
     if recorded != description_digest(meta):
         raise DamagedModel(f"{path} does not match its own checksum ({SELF_CHECKSUM!r}): it was edited or damaged "
-                       f"after saving; {REDO}")
+                           f"after saving; {REDO}")
     missing = [key for key in required_keys if key not in meta]
     if missing:
         raise DamagedModel(f"{path} lacks {', '.join(repr(k) for k in missing)}: the model description is "
-                       f"incomplete; {REDO}")
+                           f"incomplete; {REDO}")
     return meta
 
 
@@ -299,12 +299,12 @@ def _read_meta(directory: Path) -> dict:
             raise DamagedModel(f"{path}: {key!r} must be a JSON object, got {type(meta[key]).__name__}; {REDO}")
     if meta["num_clusters"] * meta["cluster_size"] < meta["num_labels"]:
         raise DamagedModel(f"{path}: {meta['num_clusters']} clusters of at most {meta['cluster_size']} labels cannot "
-                       f"hold {meta['num_labels']} labels: the model description is damaged; {REDO}")
+                           f"hold {meta['num_labels']} labels: the model description is damaged; {REDO}")
     stored = meta.setdefault("storage_dtype", DEFAULT_STORAGE_DTYPE)
     if stored not in STORAGE_DTYPES:
-        raise DamagedModel(f"{path}: 'storage_dtype' is {stored!r}, which this xmcbench ({xmcbench.__version__}) cannot "
-                       f"read (it reads {', '.join(STORAGE_DTYPES)}): the model description is damaged or comes "
-                       f"from a newer xmcbench; upgrade xmcbench or {REDO}")
+        raise DamagedModel(f"{path}: 'storage_dtype' is {stored!r}, which this xmcbench ({xmcbench.__version__}) "
+                           f"cannot read (it reads {', '.join(STORAGE_DTYPES)}): the model description is damaged or "
+                           f"comes from a newer xmcbench; upgrade xmcbench or {REDO}")
     return meta
 
 
@@ -315,7 +315,7 @@ def _read_labels(directory: Path, num_labels: int) -> list[str]:
         raise DamagedModel(f"{path} must hold a JSON list of label names (strings): the label list is damaged; {REDO}")
     if len(labels) != num_labels:
         raise DamagedModel(f"{path} holds {len(labels)} labels but model.json says the model has {num_labels} "
-                       f"(num_labels): the label list does not match the model; {REDO}")
+                           f"(num_labels): the label list does not match the model; {REDO}")
     if len(set(labels)) != len(labels):
         seen, duplicate = set(), None
         for name in labels:
@@ -338,13 +338,13 @@ def _safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
             prefix = file.read(8)
             if len(prefix) < 8:
                 raise DamagedModel(f"{path} is truncated ({size} bytes, not even a header): the weights are "
-                               f"incomplete; {REDO}")
+                                   f"incomplete; {REDO}")
             header_bytes = int.from_bytes(prefix, "little")
             if header_bytes < 2 or header_bytes > MAX_HEADER_BYTES:
                 raise DamagedModel(damaged)
             if 8 + header_bytes > size:
                 raise DamagedModel(f"{path} is truncated or is not a safetensors file ({size} bytes, its header "
-                               f"claims {8 + header_bytes}): the weights are damaged; {REDO}")
+                                   f"claims {8 + header_bytes}): the weights are damaged; {REDO}")
             raw = file.read(header_bytes)
     except OSError as error:
         raise DamagedModel(f"cannot read {path}: {error.strerror or error}") from None
@@ -368,7 +368,7 @@ def _safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
             raise DamagedModel(f"{path} describes tensor {name!r} inconsistently: the weights are damaged; {REDO}")
         if dtype in DTYPE_BYTES and stop - begin != math.prod(shape) * DTYPE_BYTES[dtype]:
             raise DamagedModel(f"{path} describes tensor {name!r} ({dtype} {shape}) with {stop - begin} bytes of data: "
-                           f"the weights are damaged; {REDO}")
+                               f"the weights are damaged; {REDO}")
         tensors[name] = (dtype, shape)
         end = max(end, stop)
     expected = 8 + header_bytes + end
@@ -376,7 +376,7 @@ def _safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
         raise DamagedModel(f"{path} is truncated ({size} of {expected} bytes): the weights are incomplete; {REDO}")
     if size > expected:
         raise DamagedModel(f"{path} has {size - expected} unexpected bytes after its tensors: the weights are "
-                       f"damaged; {REDO}")
+                           f"damaged; {REDO}")
     return tensors
 
 
@@ -401,9 +401,9 @@ def _verify_files(directory: Path, meta: dict) -> None:
                       and found.relative_to(directory).as_posix() not in listed)
     if unlisted:
         raise DamagedModel(f"{directory / unlisted[0]} is not one of the files model.json lists"
-                       + (f" ({len(unlisted)} such files)" if len(unlisted) > 1 else "")
-                       + f": a model folder holds exactly the files saved with it, and a file added later could "
-                       f"change its predictions; remove it, or {REDO}")
+                           + (f" ({len(unlisted)} such files)" if len(unlisted) > 1 else "")
+                           + f": a model folder holds exactly the files saved with it, and a file added later could "
+                           f"change its predictions; remove it, or {REDO}")
     for name, record in files.items():          # sizes first: cheap, and the clearest message
         file = directory / name
         if not file.is_file():
@@ -412,7 +412,7 @@ def _verify_files(directory: Path, meta: dict) -> None:
         if size != record["bytes"]:
             state = "truncated" if size < record["bytes"] else "longer than when it was saved"
             raise DamagedModel(f"{file} is {state} ({size} bytes, model.json recorded {record['bytes']}): the file is "
-                           f"damaged or comes from another model; {REDO}")
+                               f"damaged or comes from another model; {REDO}")
     for name, record in files.items():
         file = directory / name
         try:
@@ -421,7 +421,7 @@ def _verify_files(directory: Path, meta: dict) -> None:
             raise DamagedModel(f"cannot read {file}: {error.strerror or error}") from None
         if found != record["sha256"]:
             raise DamagedModel(f"{file} does not match the checksum (sha256) recorded in model.json: it was modified "
-                           f"or damaged after saving, or comes from another model; {REDO}")
+                               f"or damaged after saving, or comes from another model; {REDO}")
 
 
 def _check_encoder_params(path: Path, encoder_params: dict) -> None:
@@ -432,7 +432,7 @@ def _check_encoder_params(path: Path, encoder_params: dict) -> None:
             continue
         if key == "model_name" or "/" in value or "\\" in value or value.startswith("."):
             raise DamagedModel(f"{path}: encoder_params.{key} is {value!r}, but a model folder may only refer to its "
-                           f"own {ENCODER_FOLDER}/ folder; {REDO}")
+                               f"own {ENCODER_FOLDER}/ folder; {REDO}")
 
 
 def _check_components(registry: Registry, config: TrainConfig, flat: bool, path: Path) -> None:
@@ -443,8 +443,8 @@ def _check_components(registry: Registry, config: TrainConfig, flat: bool, path:
             known = ", ".join(sorted(registry.components[kind])) or "none"
             failed = registry.failed and "; plugins that failed to load: " + ", ".join(f[0] for f in registry.failed)
             raise UnknownName(f"{path}: the model uses {kind} {name!r}, which no installed plugin provides "
-                           f"(installed {kind}s: {known}{failed or ''}); install the plugin that registers "
-                           f"{kind} {name!r} (`xmcbench plugins` lists the loaded ones)")
+                              f"(installed {kind}s: {known}{failed or ''}); install the plugin that registers "
+                              f"{kind} {name!r} (`xmcbench plugins` lists the loaded ones)")
 
 
 def _check_weights(path: Path, tensors: dict, model: XMCModel, stored: str) -> None:
@@ -457,11 +457,11 @@ def _check_weights(path: Path, tensors: dict, model: XMCModel, stored: str) -> N
             continue
         if list(expected[name].shape) != shape:
             raise DamagedModel(f"{path} does not match model.json: tensor {name!r} has shape {shape} but model.json "
-                           f"describes a model that needs {list(expected[name].shape)}; {REDO}")
+                               f"describes a model that needs {list(expected[name].shape)}; {REDO}")
         wanted = floating if expected[name].is_floating_point() else SAFETENSORS_DTYPES.get(expected[name].dtype)
         if wanted is not None and dtype != wanted:
             raise DamagedModel(f"{path} does not match model.json: tensor {name!r} is stored as {dtype} but model.json "
-                           f"(storage_dtype {stored}) describes it as {wanted}; {REDO}")
+                               f"(storage_dtype {stored}) describes it as {wanted}; {REDO}")
 
 
 def _describe_names(label: str, names) -> str:
@@ -490,7 +490,7 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
     meta_path = directory / "model.json"
     if not meta_path.exists():
         raise DamagedModel(f"{directory} is not an xmcbench model: model.json is missing "
-                       "(give a run directory written by `xmcbench run`)")
+                           "(give a run directory written by `xmcbench run`)")
     meta = _read_meta(directory)
     num_labels, num_clusters, width = meta["num_labels"], meta["num_clusters"], meta["cluster_size"]
     label_names = _read_labels(directory, num_labels)
@@ -500,7 +500,7 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
     _check_encoder_params(meta_path, encoder_params)
     if ENCODER_FOLDER in encoder_params.values() and not (directory / ENCODER_FOLDER).is_dir():
         raise DamagedModel(f"{directory / ENCODER_FOLDER} is missing: the encoder's config and tokenizer are not in "
-                       f"the model directory; {REDO}")
+                           f"the model directory; {REDO}")
     _verify_files(directory, meta)
 
     try:
@@ -508,7 +508,7 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
     except XmcError as error:
         version = meta.get("xmcbench_version")
         raise DamagedModel(f"{meta_path}: {joined_line(error)}: the model was written by another xmcbench "
-                       f"({version}) or its description is damaged; upgrade xmcbench or {REDO}") from None
+                           f"({version}) or its description is damaged; upgrade xmcbench or {REDO}") from None
     flat = width == 1 and num_clusters == num_labels
     _check_components(registry, config, flat, meta_path)
 
@@ -544,7 +544,7 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
             or cluster_labels.min() < -1 or cluster_labels.max() >= num_labels \
             or int((cluster_labels >= 0).sum()) != num_labels:
         raise DamagedModel(f"{weights} holds label clusters that do not match model.json ({num_labels} labels in "
-                       f"{num_clusters} clusters): the weights are damaged; {REDO}")
+                           f"{num_clusters} clusters): the weights are damaged; {REDO}")
     for name, component in _components_with_files(model).items():
         # its listed files were verified above; a component that wrote none may find its (empty) folder gone,
         # as copies of a model (git, archives) drop empty folders
@@ -553,6 +553,6 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
             component.load_files(folder)
         except XmcError as error:
             raise DamagedModel(f"cannot read the files of the model's {name} in {folder}: {joined_line(error)}; "
-                           f"{REDO}") from None
+                               f"{REDO}") from None
     model.eval()
     return model, config, label_names

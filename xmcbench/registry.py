@@ -380,39 +380,39 @@ class Registry:
         table = self.components[kind]
         if name not in table:
             raise UnknownName(f"unknown {kind} {name!r}: {closest_names_hint(name, table)} "
-                           f"(`xmcbench plugins` lists them{self._missing_hint()})")
+                              f"(`xmcbench plugins` lists them{self._missing_hint()})")
         return table[name].value
 
     def method(self, name: str):
         if name not in self.methods:
             raise UnknownName(f"unknown method {name!r}: {closest_names_hint(name, self.methods)} "
-                           f"(`xmcbench plugins` lists them{self._missing_hint()})")
+                              f"(`xmcbench plugins` lists them{self._missing_hint()})")
         return self.methods[name].value
 
     def dataset(self, name: str):
         if name not in self.datasets:
             raise UnknownName(f"unknown dataset {name!r}: {closest_names_hint(name, self.datasets)} "
-                           f"(`xmcbench datasets` lists them; a folder path works too{self._missing_hint()})")
+                              f"(`xmcbench datasets` lists them; a folder path works too{self._missing_hint()})")
         return self.datasets[name].value
 
     def format(self, name: str):
         if name not in self.formats:
             raise UnknownName(f"unknown data format {name!r}: {closest_names_hint(name, self.formats)} "
-                           f"(`xmcbench formats` lists them{self._missing_hint()})")
+                              f"(`xmcbench formats` lists them{self._missing_hint()})")
         return self.formats[name].value
 
     def logger(self, name: str) -> Callable[..., Any]:
         """The factory of the training logger `name` (`factory(run_dir, config) -> TrainingCallback`)."""
         if name not in self.loggers:
             raise UnknownName(f"unknown logger {name!r} in loggers: {closest_names_hint(name, self.loggers)} "
-                           f"(`xmcbench plugins` lists them{self._missing_hint()})")
+                              f"(`xmcbench plugins` lists them{self._missing_hint()})")
         return self.loggers[name].value.factory
 
     def executor(self, name: str) -> ExecutorSpec:
         """The grid executor `name` (`xmcbench compare --executor NAME`)."""
         if name not in self.executors:
             raise UnknownName(f"unknown executor {name!r} for --executor: {closest_names_hint(name, self.executors)} "
-                           f"(`xmcbench plugins` lists them{self._missing_hint()})")
+                              f"(`xmcbench plugins` lists them{self._missing_hint()})")
         return self.executors[name].value
 
     # -- filling ----------------------------------------------------------------------------------
