@@ -333,18 +333,21 @@ def _objective(metrics: dict) -> float:
 
 def choose_bin_weights(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray], truth,
                        inv_propensity: np.ndarray, top_k: int, sizes: Sequence[int] | None, label_bins: np.ndarray,
-                       start: Sequence[float], searched: Sequence[int]) -> tuple[np.ndarray, dict, int]:
+                       start: Sequence[float], searched: Sequence[int],
+                       num_bins: int | None = None) -> tuple[np.ndarray, dict, int]:
     """Weights per bin: from `start` (the weights of choose_weights) in every bin, each bin of `searched` in
     turn takes the point of weight_grid() that scores best on FUSION_OBJECTIVE over the validation rows, the
     other bins held, for BIN_SEARCH_PASSES passes (coordinate ascent; a change must beat the current
-    objective). Shapes as in choose_weights; label_bins: (L,) each label's bin. Returns ((M, B) weights, their
-    validation P@1 / PSP@5 / objective, fusions evaluated)."""
-    num_bins = int(label_bins.max()) + 1 if len(label_bins) else 1
+    objective). Shapes as in choose_weights; label_bins: (L,) each label's bin; num_bins: B (default: the
+    highest bin in label_bins, plus one). Returns ((M, B) weights, their validation P@1 / PSP@5 / objective,
+    fusions evaluated)."""
+    num_bins = num_bins or (int(label_bins.max()) + 1 if len(label_bins) else 1)
 
     def scored(table):
         fused, _ = weighted_fusion(labels, normalised, table, sizes, top_k, label_bins)
         metrics = evaluate(fused, truth, ks=(1, 5), inv_propensity=inv_propensity)
-        return _objective(metrics), {"P@1": metrics["P@1"], "PSP@5": metrics["PSP@5"], "objective": _objective(metrics)}
+        value = _objective(metrics)
+        return value, {"P@1": metrics["P@1"], "PSP@5": metrics["PSP@5"], "objective": value}
 
     table = np.repeat(np.asarray(start, dtype=np.float64)[:, None], num_bins, axis=1)
     best, best_metrics = scored(table)
@@ -652,7 +655,8 @@ def fit_fusion(members: list[Member], dataset, top_k: int) -> Fusion:
               "validation": chosen, "validation_members_alone": alone}
     counts = training_counts(members, len(names))
     if counts is None:
-        record["bins"] = "one weight per member: a member's model keeps no label_info.json (trained by an older xmcbench)"
+        record["bin_weights_chosen"] = ("no: a member's model keeps no label_info.json (trained by an older "
+                                        "xmcbench), so the labels' training documents are not known")
         return Fusion("weighted", weights, quantiles, record)
     label_bins = np.searchsorted(np.asarray(WEIGHT_BINS), counts, side="left")      # (L,) 0: at most 3 documents
     known = truth.indices[truth.indices < len(names)]
@@ -666,7 +670,7 @@ def fit_fusion(members: list[Member], dataset, top_k: int) -> Fusion:
                                         "positives")
         return Fusion("weighted", weights, quantiles, record)
     table, per_bin, evaluations = choose_bin_weights(top_lists, normalised, truth, inv_propensity, top_k, sizes,
-                                                     label_bins, weights, searched)
+                                                     label_bins, weights, searched, len(WEIGHT_BIN_NAMES))
     record["bins"] = bins
     record["validation_one_weight_per_member"] = chosen
     record["bin_fusions_tried"] = evaluations
