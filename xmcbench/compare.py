@@ -190,7 +190,7 @@ def ensemble_members(cells: dict[str, list[Path]], seeds: list[int], fusion: str
     """{ensemble folder name: member runs}. sum: each method's seeds (the paper's ensembles of one method);
     weighted: per seed, every compared method (a hybrid whose weights are chosen on the validation split
     that seed gives all of them), so the hybrid gets one result per seed like a method. A name ends in a
-    hash of its members' folders, which name their settings, and of the fusion's code (FUSION_CODE): other
+    hash of its members' folders, which name their settings, and of the fusion's code (fusion_code_digest): other
     members or another fusion, another ensemble."""
     if fusion == "sum":
         groups = {f"{method}-x{len(paths)}": paths for method, paths in cells.items() if len(paths) > 1}
