@@ -96,7 +96,8 @@ def test_predict_calls_load_then_predict(calls, tmp_path):
     result = cli.invoke(app, ["predict", "some/run", "--input", str(texts), "--ids", str(ids), "--top-k", "2",
                               "--threshold", "0.1"])
     assert result.exit_code == 0, result.output
-    assert calls == [("load", (Path("some/run"),), {}), ("predict", (["first text", "second text"], 2, 0.1), {})]
+    assert calls == [("load", (Path("some/run"),), {"threads": None}),
+                     ("predict", (["first text", "second text"], 2, 0.1), {})]
     assert result.output == ('{"id": "d1", "labels": ["b", "a"], "scores": [0.5, 0.25]}\n'
                              '{"id": "d2", "labels": [], "scores": []}\n')
 
