@@ -292,23 +292,16 @@ def weighted_scores(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarra
     of it."""
     table = np.asarray(weights, dtype=np.float64).reshape(len(labels), -1)           # (M, B)
     nested = sizes is not None and len(set(sizes)) > 1
-    if table.shape[1] == 1:
-        flat = table[:, 0]
-        if not nested:
-            return [weight * values for weight, values in zip(flat, normalised)]
-        bounds = np.asarray(sizes)[:, None]                                    # (M, 1)
-        thresholds = np.arange(max(sizes) + 1)
-        cover = (flat[:, None] * (thresholds[None, :] < bounds)).sum(axis=0)   # (L + 1,) by label id
-        return [weight * values / cover[np.where(ids >= 0, ids, max(sizes))].clip(min=1e-12)
-                for weight, values, ids in zip(flat, normalised, labels)]
     terms = []
     for member, (ids, values) in enumerate(zip(labels, normalised)):
-        bins = label_bins[np.where(ids >= 0, ids, 0)]                          # (N, k) each slot's weight bin
-        weight = table[member][bins]                                           # (N, k)
+        # each slot's weight bin: (N, k), or the one bin of one weight per member
+        bins = 0 if label_bins is None else label_bins[np.where(ids >= 0, ids, 0)]
+        weight = table[member][bins]
         if nested:   # the weight, in this label's bin, of the members whose vocabulary holds the label
             cover = sum(table[other][bins] * (ids < size) for other, size in enumerate(sizes))
-            weight = weight / np.clip(cover, 1e-12, None)
-        terms.append(weight * values)
+            terms.append(weight * values / np.clip(cover, 1e-12, None))
+        else:
+            terms.append(weight * values)
     return terms
 
 
