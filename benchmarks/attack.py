@@ -663,8 +663,8 @@ def cases(attack: Attack):
         (folder / "test.csv").write_bytes(b"text,labels\nna\xefve,a\nplain,b\n")
         probe = textwrap.dedent("""
             import json, sys
+            from xmcbench.formats import open_dataset
             from xmcbench.registry import build_registry
-            from xmcbench.runner import open_dataset
             print(json.dumps(open_dataset(build_registry(), sys.argv[1]).report))
             """)
         result = attack.python(probe, folder)

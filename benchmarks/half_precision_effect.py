@@ -21,13 +21,15 @@ from pathlib import Path
 import numpy as np
 from tabulate import tabulate
 
-from xmcbench import runner
 from xmcbench.errors import XmcError
 from xmcbench.modelio import STORAGE_DTYPES, load_model_dir, model_size, save_model_dir
 from xmcbench.device import pick_device, set_threads
 from xmcbench.inference import predict
 from xmcbench.registry import build_registry
 from xmcbench.tokenization import tokenize
+from xmcbench.formats import open_dataset
+from xmcbench.rundir import FINISHED_MARKER
+from xmcbench.scoring import propensities, remap_labels, score
 
 METRICS = ("P@1", "P@3", "P@5", "nDCG@5", "PSP@5")
 HALF_DTYPES = [name for name in STORAGE_DTYPES if name != "float32"]
@@ -41,32 +43,32 @@ def main() -> None:
     args = parser.parse_args()
 
     run_dir = args.run_dir
-    if not (run_dir / runner.FINISHED_MARKER).is_file():
-        raise XmcError(f"{run_dir} is not a finished run ({runner.FINISHED_MARKER} is missing)")
+    if not (run_dir / FINISHED_MARKER).is_file():
+        raise XmcError(f"{run_dir} is not a finished run ({FINISHED_MARKER} is missing)")
     registry = build_registry()
     model, config, label_names = load_model_dir(run_dir, registry)
     config = dataclasses.replace(config, threads=args.threads)
     set_threads(config)
     device = pick_device(config)
     dataset_name = args.dataset or json.loads((run_dir / "config.json").read_text())["dataset"]
-    dataset = runner.open_dataset(registry, dataset_name)
-    truth = runner.remap_labels(dataset.test_labels, dataset.label_names, label_names)
-    weights = runner.propensities(dataset, config, label_names)
+    dataset = open_dataset(registry, dataset_name)
+    truth = remap_labels(dataset.test_labels, dataset.label_names, label_names)
+    weights = propensities(dataset, config, label_names)
     tokens = tokenize(dataset.test_texts, model.encoder.tokenizer, config.max_length, f"{dataset.version}/test",
                       description="tokenizing test")
 
-    def score(candidate) -> tuple[dict, np.ndarray]:
+    def score_model(candidate) -> tuple[dict, np.ndarray]:
         found = predict(candidate, tokens, config, device, description="predicting test")
-        return runner.score(found, truth, candidate, weights, config.eval_ks), found.labels[:, :5]
+        return score(found, truth, candidate, weights, config.eval_ks), found.labels[:, :5]
 
     started = time.perf_counter()
-    results = {"float32": (*score(model), (run_dir / "model" / "weights.safetensors").stat().st_size)}
+    results = {"float32": (*score_model(model), (run_dir / "model" / "weights.safetensors").stat().st_size)}
     for name in HALF_DTYPES:
         with tempfile.TemporaryDirectory() as temporary:
             saved = Path(temporary) / "model"
             save_model_dir(saved, model, dataclasses.replace(config, storage_dtype=name), label_names)
             loaded, _, _ = load_model_dir(saved, registry)
-            results[name] = (*score(loaded), (saved / "weights.safetensors").stat().st_size)
+            results[name] = (*score_model(loaded), (saved / "weights.safetensors").stat().st_size)
     seconds = time.perf_counter() - started
 
     size = model_size(model)
@@ -74,7 +76,7 @@ def main() -> None:
     print(f"{run_dir}: {dataset.name}, {len(dataset.test_texts)} test documents, {len(label_names)} labels, "
           f"{'flat (no ranker)' if flat else f'{model.clusters.num_clusters} clusters'}; "
           f"{size['parameters']:,} parameters; device {device}, {args.threads} threads")
-    recorded = json.loads((run_dir / runner.FINISHED_MARKER).read_text())
+    recorded = json.loads((run_dir / FINISHED_MARKER).read_text())
     print("float32 as scored now vs the run's metrics.json: "
           + ", ".join(f"{key} {results['float32'][0][key]:.2f} vs {recorded[key]:.2f}" for key in METRICS
                       if key in recorded))

@@ -21,9 +21,10 @@ import scipy.sparse as sp
 from sklearn.feature_extraction.text import TfidfVectorizer
 from tabulate import tabulate
 
-from xmcbench import runner
 from xmcbench.metrics import evaluate
 from xmcbench.registry import build_registry
+from xmcbench.formats import open_dataset
+from xmcbench.scoring import propensities
 
 METRICS = ("P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@3", "PSP@5")
 
@@ -74,9 +75,9 @@ def main() -> None:
     registry = build_registry()
     rows, results = [], {}
     for name in args.datasets:
-        dataset = runner.open_dataset(registry, name)
+        dataset = open_dataset(registry, name)
         train_labels = dataset.train_labels[:, :dataset.num_labels].tocsr()
-        inv_propensity = runner.propensities(dataset).inverse   # the whole training set, as runs score
+        inv_propensity = propensities(dataset).inverse   # the whole training set, as runs score
         started = time.perf_counter()
         x_train, x_test = tfidf(dataset.train_texts, dataset.test_texts)
         features_seconds = time.perf_counter() - started

@@ -18,11 +18,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from xmcbench import runner
 from xmcbench.labels import load_label_info
 from xmcbench.metrics import evaluate
 from xmcbench.registry import build_registry
 from xmcbench.tokenization import tokenize
+from xmcbench.formats import open_dataset
+from xmcbench.models import load_model
+from xmcbench.rundir import reading_of
+from xmcbench.scoring import propensities, remap_labels
 
 SHOWN = ("P@1", "P@3", "P@5", "PSP@1", "PSP@5")
 
@@ -37,16 +40,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     registry = build_registry()
-    model, config, names = runner.load_saved_model(args.run_dir, registry)
+    model, config, names = load_model(args.run_dir, registry)
     if not model.is_flat:
         raise SystemExit(f"{args.run_dir} is not a flat run: its recaller scores clusters, not labels")
     recorded = json.loads((args.run_dir / "config.json").read_text())
-    dataset = runner.open_dataset(registry, recorded["dataset"], None, runner.reading_of(recorded))
+    dataset = open_dataset(registry, recorded["dataset"], None, reading_of(recorded))
     info = load_label_info(args.run_dir / "model", names, "re-run training")
     documents = recorded["resolved"]["train_docs"]
     log_prior = np.log((info.counts + 1.0) / (documents + 2.0))                        # (L,)
-    inverse = runner.propensities(dataset, config, names).inverse[:len(names)]
-    truth = runner.remap_labels(dataset.test_labels, dataset.label_names, names).tocsr()[:, :len(names)]
+    inverse = propensities(dataset, config, names).inverse[:len(names)]
+    truth = remap_labels(dataset.test_labels, dataset.label_names, names).tocsr()[:, :len(names)]
     tokens = tokenize(dataset.test_texts, model.encoder.tokenizer, config.max_length, None, description=None)
 
     model.eval()

@@ -44,10 +44,10 @@ from xmcbench.device import autocast, pick_device, set_threads
 from xmcbench.training import LOSS_READ_EVERY, Trainer
 from xmcbench.profiling import count_host_syncs
 from xmcbench.registry import build_registry
-from xmcbench.runner import plan_run
 from xmcbench.tokenization import TokenizedTexts, resolve_model_path, tokenize
 
 from step_ratio import timed   # benchmarks/ is on sys.path when this script runs
+from xmcbench.runs.plan import plan_run
 
 
 def bert_base_folder(directory: Path) -> Path:

@@ -28,7 +28,6 @@ import time
 import numpy as np
 import torch
 
-from xmcbench import runner
 from xmcbench.batching import epoch_batches, padded_positives
 from xmcbench.device import pick_device, set_threads
 from xmcbench.optim import build_optimizers
@@ -37,6 +36,11 @@ from xmcbench.interfaces import overrides
 from xmcbench.labels import label_info
 from xmcbench.tokenization import tokenize
 from xmcbench.training import Trainer
+from xmcbench.formats import open_dataset
+from xmcbench.indexing import label_clusters
+from xmcbench.modelio import build_model
+from xmcbench.runs.plan import plan_run
+from xmcbench.runs.splits import training_view
 
 
 def timed(function, device) -> float:
@@ -59,17 +63,17 @@ def main() -> None:
     args = parser.parse_args()
 
     registry = build_registry()
-    plan = runner.plan_run(registry, args.method, args.dataset, set_options=args.set_options + [f"threads={args.threads}"])
+    plan = plan_run(registry, args.method, args.dataset, set_options=args.set_options + [f"threads={args.threads}"])
     config = plan.config
     threads = set_threads(config)
     device = pick_device(config)
-    dataset = runner.open_dataset(registry, plan.dataset)
-    dataset, _ = runner.training_view(dataset, config, registry.method(args.method), log=lambda line: None)
+    dataset = open_dataset(registry, plan.dataset)
+    dataset, _ = training_view(dataset, config, registry.method(args.method), log=lambda line: None)
     rows = np.arange(len(dataset.train_texts))
-    clusters = runner.label_clusters(dataset, config, rows)
+    clusters = label_clusters(dataset, config, rows)
     torch.manual_seed(config.seed)
     labels = label_info(dataset, config, rows)
-    model = runner.build_model(registry, config, clusters, label_info=labels).to(device).train()
+    model = build_model(registry, config, clusters, label_info=labels).to(device).train()
     tokens = tokenize(dataset.train_texts, model.encoder.tokenizer, config.max_length, f"{dataset.version}/train")
     optimizers = build_optimizers(model, config)
     batches = epoch_batches(tokens.lengths, config.batch_size, np.random.default_rng(0),

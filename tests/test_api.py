@@ -6,9 +6,13 @@ from pathlib import Path
 import pytest
 
 import xmcbench
-from xmcbench import api, ensemble, runner
+from xmcbench import api, ensemble
+from xmcbench import saved as saved_models
 from xmcbench.errors import XmcError
 from xmcbench.testing import write_tiny_dataset
+from xmcbench.data import IN_MEMORY
+from xmcbench.models import load_model
+from xmcbench.saved import predict_texts
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 WORDS = {"graphics": "image png jpeg pixel", "network": "socket http server tcp", "database": "sql query table index"}
@@ -54,15 +58,15 @@ def test_train_on_data_in_memory_writes_a_run(trained):
     run = trained["run"]
     assert isinstance(run, xmcbench.Run)
     assert (run.path / "metrics.json").is_file() and "P@1" in run.metrics
-    assert run.config["dataset"].startswith(runner.IN_MEMORY)
-    assert run.config["dataset"] == f"{runner.IN_MEMORY}{run.config['dataset_version']}"
+    assert run.config["dataset"].startswith(IN_MEMORY)
+    assert run.config["dataset"] == f"{IN_MEMORY}{run.config['dataset_version']}"
     assert run.config["config"]["epochs"] == 1 and run.config["config"]["pretrained_weights"] is False
 
 
 def test_a_predictor_loads_the_model_once_and_predicts_many_times(trained, monkeypatch):
     calls = []
-    original = runner.load_saved_model
-    monkeypatch.setattr(runner, "load_saved_model", lambda *args: calls.append(args) or original(*args))
+    original = load_model
+    monkeypatch.setattr(saved_models, "load_model", lambda *args: calls.append(args) or original(*args))
     predictor = xmcbench.load(trained["run"].path)
     texts = ["png image pixel", "sql table query", "tcp socket"]
     first = predictor.predict(texts, top_k=3)
@@ -74,7 +78,7 @@ def test_a_predictor_loads_the_model_once_and_predicts_many_times(trained, monke
     assert len(first) == 3 and all(len(r["labels"]) == len(r["scores"]) == 3 for r in first)
     assert all(r["scores"] == sorted(r["scores"], reverse=True) for r in first)
     assert set(predictor.label_names) == set(WORDS)
-    assert first == runner.predict_texts(trained["run"].path, texts, top_k=3)   # what `xmcbench predict` writes
+    assert first == predict_texts(trained["run"].path, texts, top_k=3)   # what `xmcbench predict` writes
 
 
 def test_threshold_drops_the_labels_scoring_below_it(trained):
@@ -109,16 +113,16 @@ def test_an_ensemble_directory_loads_as_one_predictor(tmp_path, tiny_model_dir, 
                               **settings).path for seed in (1, 2)]
     directory = ensemble.build_ensemble(members, tmp_path / "ens", log=lambda line: None)
     calls = []
-    original = runner.load_saved_model
-    monkeypatch.setattr(runner, "load_saved_model", lambda *args: calls.append(args) or original(*args))
+    original = load_model
+    monkeypatch.setattr(saved_models, "load_model", lambda *args: calls.append(args) or original(*args))
     predictor = xmcbench.load(directory)
     texts = ["library for sql databases", "gtk widgets"]
     first = predictor.predict(texts, top_k=4)
     assert predictor.predict(texts, top_k=4) == first
     assert len(calls) == 2   # each member once
-    monkeypatch.setattr(runner, "load_saved_model", original)
-    assert first == ensemble.predict_texts(directory, texts, top_k=4)
-    assert xmcbench.evaluate(predictor)["P@1"] == pytest.approx(ensemble.evaluate_ensemble(directory)["P@1"])
+    monkeypatch.setattr(saved_models, "load_model", original)
+    assert first == saved_models.predict_texts(directory, texts, top_k=4)
+    assert xmcbench.evaluate(predictor)["P@1"] == pytest.approx(saved_models.evaluate(directory)["P@1"])
 
 
 def one_line_error(call):

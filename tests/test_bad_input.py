@@ -26,6 +26,14 @@ from xmcbench.data import load_dataset_from_path
 from xmcbench.errors import XmcError
 from xmcbench.metrics import evaluate
 from xmcbench.testing import write_tiny_dataset
+from xmcbench.runs import launch
+from xmcbench.formats import open_dataset
+from xmcbench.indexing import resolve_num_clusters
+from xmcbench.rundir import save_validation_predictions, VALIDATION_PREDICTIONS_FILE
+from xmcbench.runs.plan import plan_run
+from xmcbench.saved import predict_texts, rescore_run
+from xmcbench.scoring import evaluate_predictions
+from xmcbench.training import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -195,7 +203,6 @@ def test_a_corrupt_compressed_file(tmp_path):
 
 def test_set_keys_that_do_not_exist_or_values_of_the_wrong_type(tmp_path):
     from xmcbench.registry import build_registry
-    from xmcbench.runner import plan_run
 
     registry = build_registry()
     with pytest.raises(XmcError) as error:
@@ -238,7 +245,6 @@ def test_an_unknown_method_component_or_dataset(tmp_path, tiny_dataset):
 
 def test_an_unknown_component_is_refused_when_planning():
     from xmcbench.registry import build_registry
-    from xmcbench.runner import plan_run
 
     with pytest.raises(XmcError, match="unknown ranker 'bottleneckk': did you mean 'bottleneck'"):
         plan_run(build_registry(), "lightxml", set_options=["ranker=bottleneckk"])
@@ -353,7 +359,6 @@ def snapshot(folder: Path) -> dict:
 @pytest.fixture(scope="module")
 def finished_run(tiny_model_dir, tmp_path_factory) -> Path:
     """One finished tiny run (a model, metrics, predictions); tests copy it before changing anything."""
-    from xmcbench import runner
     from xmcbench.registry import build_registry
 
     base = tmp_path_factory.mktemp("finished")
@@ -361,9 +366,9 @@ def finished_run(tiny_model_dir, tmp_path_factory) -> Path:
     from xmcbench.testing import write_tiny_dataset
     write_tiny_dataset(data_folder)
     registry = build_registry()
-    plan = runner.plan_run(registry, "lightxml", str(dataset),
+    plan = plan_run(registry, "lightxml", str(dataset),
                            set_options=[f"model_name={tiny_model_dir}", *TINY_SETTINGS])
-    return runner.run(plan, base / "run", registry=registry, log=lambda line: None)
+    return launch.run(plan, base / "run", registry=registry, log=lambda line: None)
 
 
 @pytest.fixture
@@ -400,7 +405,6 @@ def test_overwrite_with_a_setting_that_fails_keeps_the_old_run(dataset, extra, r
 
 @pytest.mark.slow
 def test_an_overwrite_that_fails_midway_keeps_the_old_run(run_copy, tiny_model_dir, tiny_dataset, monkeypatch):
-    from xmcbench import runner
     from xmcbench.registry import build_registry
     from xmcbench.rundir import staging_folder
 
@@ -409,16 +413,16 @@ def test_an_overwrite_that_fails_midway_keeps_the_old_run(run_copy, tiny_model_d
     def fail(self):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(runner.Trainer, "fit", fail)
+    monkeypatch.setattr(Trainer, "fit", fail)
     registry = build_registry()
-    plan = runner.plan_run(registry, "lightxml", str(tiny_dataset),
+    plan = plan_run(registry, "lightxml", str(tiny_dataset),
                            set_options=[f"model_name={tiny_model_dir}", *TINY_SETTINGS])
     with pytest.raises(OSError):
-        runner.run(plan, run_copy, overwrite=True, registry=registry, log=lambda line: None)
+        launch.run(plan, run_copy, overwrite=True, registry=registry, log=lambda line: None)
     assert snapshot(run_copy) == before               # the old run, untouched
     assert (staging_folder(run_copy) / "config.json").exists()   # the new one waits beside it
     monkeypatch.undo()
-    replaced = runner.run(plan, run_copy, overwrite=True, registry=registry, log=lambda line: None)
+    replaced = launch.run(plan, run_copy, overwrite=True, registry=registry, log=lambda line: None)
     assert replaced == run_copy and (run_copy / "metrics.json").exists() and not staging_folder(run_copy).exists()
     assert not list(run_copy.parent.glob(".*xmcbench-replaced"))
 
@@ -596,11 +600,10 @@ OUT_OF_RANGE = ["epochs=0", "epochs=-1", "validation_size=-10", "max_train_docs=
 
 @pytest.mark.parametrize("setting", OUT_OF_RANGE)
 def test_settings_out_of_range(setting, tiny_dataset):
-    from xmcbench import runner
     from xmcbench.registry import build_registry
 
     with pytest.raises(XmcError, match=setting.split("=")[0]) as error:
-        runner.plan_run(build_registry(), "lightxml", str(tiny_dataset), set_options=[setting])
+        plan_run(build_registry(), "lightxml", str(tiny_dataset), set_options=[setting])
     one_line(error)
 
 
@@ -622,12 +625,11 @@ def test_a_resumed_run_with_a_bad_or_damaged_config(tmp_path):
 
 def test_dataset_names_that_clash_or_differ_in_case(tmp_path, tiny_dataset):
     import shutil
-    from xmcbench import runner
     from xmcbench.registry import build_registry
 
     registry = build_registry()
     named_like_a_preset = Path(shutil.copytree(tiny_dataset, tmp_path / "Wiki-500K"))
-    plan = runner.plan_run(registry, "lightxml", str(named_like_a_preset))
+    plan = plan_run(registry, "lightxml", str(named_like_a_preset))
     assert plan.preset == "wiki500k" and plan.config.num_clusters == 8192
     (tmp_path / "debian-debtags-mini").mkdir()
     refused = xmcbench("config", "lightxml", "--dataset", "debian-debtags-mini", cwd=tmp_path)
@@ -656,7 +658,7 @@ def test_plugins_that_exit_raise_or_print_at_import(tmp_path, monkeypatch, capsy
 
 
 def test_os_errors_end_in_one_line(tmp_path, tiny_dataset, monkeypatch, capsys):
-    from xmcbench import cli, runner
+    from xmcbench import cli
 
     config_file = tmp_path / "bad.toml"
     config_file.write_bytes(b"epochs = 2\n# caf\xe9\n")
@@ -671,7 +673,7 @@ def test_os_errors_end_in_one_line(tmp_path, tiny_dataset, monkeypatch, capsys):
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device", str(tmp_path / "run" / "metrics.json"))
 
-    monkeypatch.setattr(runner, "run", disk_full)
+    monkeypatch.setattr(launch, "run", disk_full)
     monkeypatch.setattr(sys, "argv", ["xmcbench", "run", "lightxml", "--dataset", str(tiny_dataset)])
     with pytest.raises(SystemExit) as exit_status:
         cli.main()
@@ -702,7 +704,6 @@ def test_a_huge_line_is_cut_before_tokenizing(tiny_model_dir):
 def test_a_model_trained_elsewhere_loads_here_and_can_be_shared(run_copy):
     import os
     import stat
-    from xmcbench.runner import predict_texts
 
     _resign(run_copy / "model", lambda meta: meta["config"].update(device="cuda:3", threads=64))
     assert len(predict_texts(run_copy, ["alpha beta"], top_k=2)) == 1   # runs here, on this machine's device
@@ -901,7 +902,6 @@ def test_a_report_over_runs_of_two_datasets(finished_run, tmp_path):
 
 
 def test_a_score_matrix_whose_structure_is_inconsistent(finished_run, tmp_path):
-    from xmcbench import runner
 
     matrix = sp.load_npz(finished_run / "predictions.npz").tocsr()
     indptr = matrix.indptr.copy()
@@ -910,7 +910,7 @@ def test_a_score_matrix_whose_structure_is_inconsistent(finished_run, tmp_path):
     np.savez(path, data=matrix.data, indices=matrix.indices, indptr=indptr, format=np.array(b"csr"),
              shape=np.array(matrix.shape))
     with pytest.raises(XmcError) as error:
-        runner.evaluate_predictions(path, _dataset_of(finished_run))
+        evaluate_predictions(path, _dataset_of(finished_run))
     assert one_line(error).startswith(f"{path} is not a consistent sparse matrix (")
     assert_one_line_error(xmcbench("evaluate", "--predictions", str(path), "--dataset", _dataset_of(finished_run)),
                           "is not a consistent sparse matrix")
@@ -933,7 +933,7 @@ DAMAGE = {   # what a member's saved test predictions may hold after an edit, an
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_saved_predictions_damaged_after_they_were_written(finished_run, tmp_path, damage):
-    from xmcbench import ensemble, report, runner
+    from xmcbench import ensemble, report
 
     change, fragment = DAMAGE[damage]
     member = _copy(finished_run, tmp_path / "member")
@@ -946,19 +946,19 @@ def test_saved_predictions_damaged_after_they_were_written(finished_run, tmp_pat
     assert not (tmp_path / "ensemble").exists()
     before = snapshot(member)
     with pytest.raises(XmcError, match=fragment):   # rescore's, which leaves metrics.json as it was
-        runner.rescore_run(member, log=lambda line: None)
+        rescore_run(member, log=lambda line: None)
     assert snapshot(member) == before
     assert report.load_runs([member], log=lambda line: None)[0].top1 is None   # the report's checks skip it
 
 
 def test_saved_predictions_that_cannot_be_read_or_validation_labels_repeated(finished_run, tmp_path):
-    from xmcbench import ensemble, runner
+    from xmcbench import ensemble
 
     run = _copy(finished_run, tmp_path / "unreadable")
     (run / "predictions.safetensors").write_bytes(b"\x00\x01 not safetensors \xff" * 20)
     before = snapshot(run)
     with pytest.raises(XmcError) as error:
-        runner.rescore_run(run, log=lambda line: None)
+        rescore_run(run, log=lambda line: None)
     assert one_line(error).startswith(f"{run / 'predictions.safetensors'} cannot be read (")
     assert snapshot(run) == before
 
@@ -968,18 +968,17 @@ def test_saved_predictions_that_cannot_be_read_or_validation_labels_repeated(fin
     labels = np.tile(np.arange(5), (len(rows), 1))
     scores = np.tile(np.linspace(0.9, 0.5, 5, dtype=np.float32), (len(rows), 1))
     for member in members:
-        runner.save_validation_predictions(member / runner.VALIDATION_PREDICTIONS_FILE, labels, scores, rows)
+        save_validation_predictions(member / VALIDATION_PREDICTIONS_FILE, labels, scores, rows)
     repeated = labels.copy()
     repeated[:, 1:] = repeated[:, :1]
-    runner.save_validation_predictions(members[1] / runner.VALIDATION_PREDICTIONS_FILE, repeated, scores, rows)
+    save_validation_predictions(members[1] / VALIDATION_PREDICTIONS_FILE, repeated, scores, rows)
     with pytest.raises(XmcError) as error:
         ensemble.build_ensemble(members, tmp_path / "weighted", top_k=5, fusion="weighted", log=lambda line: None)
-    assert one_line(error).startswith(f"{members[1] / runner.VALIDATION_PREDICTIONS_FILE}: row 0 names label 0 twice")
+    assert one_line(error).startswith(f"{members[1] / VALIDATION_PREDICTIONS_FILE}: row 0 names label 0 twice")
 
 
 def test_a_pecos_folder_with_nan_features(tmp_path):
     from xmcbench.registry import build_registry
-    from xmcbench.runner import open_dataset
 
     folder = tmp_path / "pecos"
     folder.mkdir()
@@ -1023,7 +1022,6 @@ def test_predict_arguments_of_the_wrong_type(finished_run):
 def test_a_setting_given_wins_over_a_tree_the_method_derives(tiny_model_dir, tiny_dataset):
     from xmcbench.clustering import num_clusters_for
     from xmcbench.registry import build_registry
-    from xmcbench.runner import plan_run, resolve_num_clusters
 
     registry = build_registry()
     if "cascade" not in registry.methods:
@@ -1073,7 +1071,6 @@ def test_a_tracking_server_that_does_not_answer(tmp_path, monkeypatch, capsys):
 
 def test_latin1_bytes_in_a_csv_are_counted(tmp_path):
     from xmcbench.registry import build_registry
-    from xmcbench.runner import open_dataset
 
     folder = tmp_path / "csv"
     folder.mkdir()
@@ -1086,7 +1083,6 @@ def test_latin1_bytes_in_a_csv_are_counted(tmp_path):
 
 def test_jsonl_label_cells_that_name_no_label(tmp_path):
     from xmcbench.registry import build_registry
-    from xmcbench.runner import open_dataset
 
     for cell, document, what in (({"a": 1}, 1, "it holds a JSON object"), ([["a", "b"], "c"], 2,
                                                                            "its list holds a JSON list")):

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from xmcbench.cli import app
 
+
 cli = CliRunner()
 
 

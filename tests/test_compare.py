@@ -9,13 +9,16 @@ from typer.testing import CliRunner
 
 from tests.test_registry import install_plugin, site, unique_package  # noqa: F401  (site: a fixture)
 from tests.test_whole_methods import WordVotes
-from xmcbench import compare, runner
+from xmcbench import compare
 from xmcbench.cli import app, expand_seeds
 from xmcbench.config import MethodSpec, Option, TrainConfig
 from xmcbench.hookspecs import hookimpl
 from xmcbench.registry import build_registry
 from xmcbench.storage import read_json, write_json
 from xmcbench.testing import write_tiny_dataset
+from xmcbench.runs import launch
+from xmcbench.formats import open_dataset
+from xmcbench.runs.plan import Plan, plan_run
 
 
 def compare_args(model_dir, dataset, output, *extra):
@@ -48,7 +51,7 @@ def test_compare_trains_each_cell_once_and_reports(tiny_model_dir, tiny_dataset,
     def no_training(*args, **kwargs):
         raise AssertionError("a cached cell was trained again")
 
-    monkeypatch.setattr(runner, "run", no_training)
+    monkeypatch.setattr(launch, "run", no_training)
     again = cli.invoke(app, compare_args(tiny_model_dir, tiny_dataset, output, "--ensemble"))
     assert again.exit_code == 0, again.output
     assert again.output.count("reusing") == 4
@@ -196,10 +199,10 @@ def test_a_run_saved_before_keys_held_the_code_is_still_reused(dataset_dir, tmp_
     in config.json: compare reuses it (and records the provenance it takes it for), until that changes."""
     registry = build_registry(extra_plugins=[("votes", votes_plugin(1.0))], load_entry_points=False)
     output = tmp_path / "runs"
-    plan = runner.plan_run(registry, "votes-opt", str(dataset_dir), seed=0)
-    dataset = runner.open_dataset(registry, str(dataset_dir))
+    plan = plan_run(registry, "votes-opt", str(dataset_dir), seed=0)
+    dataset = open_dataset(registry, str(dataset_dir))
     old = output / f"votes-opt-seed0-{compare.legacy_result_key(registry, plan, dataset.version)}"
-    runner.run(plan, old, registry=registry, log=lambda line: None)
+    launch.run(plan, old, registry=registry, log=lambda line: None)
     saved = read_json(old / "config.json")
     del saved["provenance"]   # as the code before provenance wrote it
     write_json(old / "config.json", saved)
@@ -207,7 +210,7 @@ def test_a_run_saved_before_keys_held_the_code_is_still_reused(dataset_dir, tmp_
     def no_training(*args, **kwargs):
         raise AssertionError("a run saved before keys held the code was trained again")
 
-    monkeypatch.setattr(runner, "run", no_training)
+    monkeypatch.setattr(launch, "run", no_training)
     found, lines = cells(registry, dataset_dir, output)
     assert found == old and lines == [f"votes-opt seed 0: reusing {old} (saved before result keys held the code and "
                                       "option files; taken as made by the code installed now)"]
@@ -230,6 +233,6 @@ LEGACY_KEY = "cee65812c7006724"
 
 def test_the_key_of_a_run_saved_before_keys_held_the_code_is_what_it_was():
     registry = build_registry(extra_plugins=[("votes", votes_plugin(1.0))], load_entry_points=False)
-    plan = runner.Plan("votes-opt", "tiny", TrainConfig(seed=0))
+    plan = Plan("votes-opt", "tiny", TrainConfig(seed=0))
     assert compare.legacy_result_key(registry, plan, "v1") == LEGACY_KEY
     assert compare.result_key(registry, plan, "v1") != LEGACY_KEY

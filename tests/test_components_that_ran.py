@@ -8,18 +8,19 @@ import json
 
 import pytest
 
-from xmcbench import runner
 from xmcbench.errors import XmcError
 from xmcbench.registry import build_registry
+from xmcbench.runs import launch
+from xmcbench.runs.plan import plan_run
 
 TINY = ["pretrained_weights=false", "num_layers=2", "epochs=1", "max_length=32", "threads=1", "hidden_size=8"]
 
 
 def tiny_run(registry, method, tiny_model_dir, tiny_dataset, output, *extra):
-    plan = runner.plan_run(registry, method, str(tiny_dataset),
+    plan = plan_run(registry, method, str(tiny_dataset),
                            set_options=[f"model_name={tiny_model_dir}", *TINY, *extra])
     lines: list[str] = []
-    run_dir = runner.run(plan, output, registry=registry, log=lines.append)
+    run_dir = launch.run(plan, output, registry=registry, log=lines.append)
     return json.loads((run_dir / "config.json").read_text())["resolved"], lines
 
 
@@ -45,10 +46,10 @@ def test_a_flat_run_records_that_no_ranker_ran_and_warns_a_method_that_needs_one
 def test_a_flat_run_of_a_method_with_a_ranker_stage_is_refused_before_its_folder_exists(tiny_model_dir,
                                                                                         tiny_dataset, tmp_path):
     registry = build_registry()
-    plan = runner.plan_run(registry, "lightxml-static", str(tiny_dataset),
+    plan = plan_run(registry, "lightxml-static", str(tiny_dataset),
                            set_options=[f"model_name={tiny_model_dir}", *TINY])
     with pytest.raises(XmcError) as error:
-        runner.run(plan, tmp_path / "static", registry=registry, log=lambda line: None)
+        launch.run(plan, tmp_path / "static", registry=registry, log=lambda line: None)
     assert "lightxml-static trains a ranker in a stage of its own" in str(error.value)
     assert "--set cluster_size=8" in str(error.value) and "\n" not in str(error.value)
     assert not (tmp_path / "static").exists()

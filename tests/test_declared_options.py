@@ -10,12 +10,12 @@ from typer.testing import CliRunner
 
 from tests.test_bad_input import assert_one_line_error, xmcbench
 from tests.test_registry import install_plugin, site, unique_package  # noqa: F401  (site: a fixture)
-from xmcbench import runner
 from xmcbench.cli import app
 from xmcbench.config import MethodSpec, Option, TrainConfig, check_options
 from xmcbench.errors import XmcError
 from xmcbench.hookspecs import hookimpl
 from xmcbench.registry import build_registry
+from xmcbench.runs.plan import plan_run
 
 
 def cosine_plugin():
@@ -43,12 +43,12 @@ def registry():
 ])
 def test_a_bad_option_is_refused_in_one_line_before_anything_runs(registry, tiny_dataset, setting, message):
     with pytest.raises(XmcError) as error:
-        runner.plan_run(registry, "lightxml-cosine", str(tiny_dataset), set_options=[setting])
+        plan_run(registry, "lightxml-cosine", str(tiny_dataset), set_options=[setting])
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
 def test_a_good_option_is_typed(registry, tiny_dataset):
-    plan = runner.plan_run(registry, "lightxml-cosine", str(tiny_dataset), set_options=["options.cosine_scale=5"])
+    plan = plan_run(registry, "lightxml-cosine", str(tiny_dataset), set_options=["options.cosine_scale=5"])
     assert plan.config.options == {"cosine_scale": 5.0}
 
 
@@ -96,7 +96,7 @@ def needy_registry():
 
 def test_a_required_option_that_is_not_set_is_refused_while_planning(needy_registry, tiny_dataset):
     with pytest.raises(XmcError) as error:
-        runner.plan_run(needy_registry, "lightxml-needy", str(tiny_dataset))
+        plan_run(needy_registry, "lightxml-needy", str(tiny_dataset))
     assert str(error.value) == ("ranker needy needs options.label_file (one text per label, in label-id order), which "
                                 "has no default: add --set options.label_file=VALUE")
 
@@ -105,7 +105,7 @@ def test_a_path_option_is_checked_and_kept_as_its_absolute_path(needy_registry, 
                                                                 monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "texts.txt").write_text("a text\n")
-    plan = runner.plan_run(needy_registry, "lightxml-needy", str(tiny_dataset),
+    plan = plan_run(needy_registry, "lightxml-needy", str(tiny_dataset),
                            set_options=["options.label_file=texts.txt"])
     assert plan.config.options == {"label_file": str(tmp_path / "texts.txt")}
     for value, message in (("missing.txt", "--set / --config: options.label_file=missing.txt: no such file; give the "
@@ -113,7 +113,7 @@ def test_a_path_option_is_checked_and_kept_as_its_absolute_path(needy_registry, 
                            (".", "--set / --config: options.label_file=. is a folder; give the path of a file"),
                            ("", "--set / --config: options.label_file must be the path of a file, got ''")):
         with pytest.raises(XmcError) as error:
-            runner.plan_run(needy_registry, "lightxml-needy", str(tiny_dataset),
+            plan_run(needy_registry, "lightxml-needy", str(tiny_dataset),
                             set_options=[f"options.label_file={value}"])
         assert str(error.value) == message
 

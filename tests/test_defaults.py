@@ -8,12 +8,14 @@ import pytest
 import scipy.sparse as sp
 from typer.testing import CliRunner
 
-from xmcbench import defaults, runner
+from xmcbench import defaults
 from xmcbench.config import TrainConfig
 from xmcbench.cli import app
 from xmcbench.defaults import DatasetStatistics, DeviceFacts, dataset_statistics, derive_settings
 from xmcbench.registry import build_registry
 from xmcbench.tokenization import load_tokenizer
+from xmcbench.runs import launch
+from xmcbench.runs.plan import plan_run
 
 
 def statistics(**overrides) -> DatasetStatistics:
@@ -100,11 +102,11 @@ def registry():
 
 
 def test_a_plain_folder_gets_derived_settings_and_set_wins(registry, tiny_dataset):
-    plan = runner.plan_run(registry, "lightxml", str(tiny_dataset))
+    plan = plan_run(registry, "lightxml", str(tiny_dataset))
     assert plan.derived and plan.statistics.documents == 48
     for key, derived in plan.derived.items():
         assert getattr(plan.config, key) == derived.value, key
-    pinned = runner.plan_run(registry, "lightxml", str(tiny_dataset), set_options=["max_length=48", "epochs=1"])
+    pinned = plan_run(registry, "lightxml", str(tiny_dataset), set_options=["max_length=48", "epochs=1"])
     assert pinned.config.max_length == 48 and pinned.config.epochs == 1
     assert "max_length" not in pinned.derived and "epochs" not in pinned.derived
 
@@ -112,14 +114,14 @@ def test_a_plain_folder_gets_derived_settings_and_set_wins(registry, tiny_datase
 def test_a_config_file_and_the_methods_own_defaults_win_over_the_rule(registry, tiny_dataset, tmp_path):
     config_file = tmp_path / "settings.toml"
     config_file.write_text("head_lr = 0.005\n")
-    plan = runner.plan_run(registry, "lightxml", str(tiny_dataset), config_file=config_file)
+    plan = plan_run(registry, "lightxml", str(tiny_dataset), config_file=config_file)
     assert plan.config.head_lr == 0.005 and "head_lr" not in plan.derived
     # lightxml's own defaults (e.g. lr, num_layers) are never derived
     assert not {"lr", "num_layers", "dropout"} & set(plan.derived)
 
 
 def test_presets_are_left_as_they_are(registry):
-    plan = runner.plan_run(registry, "lightxml", "wiki500k")
+    plan = plan_run(registry, "lightxml", "wiki500k")
     assert plan.derived == {} and plan.statistics is None and plan.loaded is None
     assert plan.config.num_clusters == 8192 and plan.config.lr == 1e-4
 
@@ -138,15 +140,15 @@ def test_a_bad_selection_metric_is_one_line_before_data_is_read(registry):
     from xmcbench.errors import XmcError
 
     with pytest.raises(XmcError, match="selection_metric='P@7' is not a validation metric; choose one of P@1"):
-        runner.plan_run(registry, "lightxml", "/nonexistent/folder", set_options=["selection_metric=P@7"])
+        plan_run(registry, "lightxml", "/nonexistent/folder", set_options=["selection_metric=P@7"])
 
 
 @pytest.mark.slow
 def test_a_run_records_what_was_derived_and_from_what(registry, tiny_model_dir, tiny_dataset, tmp_path):
     options = {"model_name": str(tiny_model_dir), "pretrained_weights": "false", "num_layers": 2, "epochs": 1,
                "threads": 1}
-    plan = runner.plan_run(registry, "lightxml", str(tiny_dataset), set_options=[f"{k}={v}" for k, v in options.items()])
-    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    plan = plan_run(registry, "lightxml", str(tiny_dataset), set_options=[f"{k}={v}" for k, v in options.items()])
+    run_dir = launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     recorded = json.loads((run_dir / "config.json").read_text())
     assert recorded["rule_version"] == defaults.RULE_VERSION
     assert recorded["dataset_statistics"] == plan.statistics.to_dict()

@@ -12,7 +12,8 @@ import scipy.sparse
 from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
-from xmcbench import ensemble, runner
+from xmcbench import ensemble
+from xmcbench import saved as saved_models
 from xmcbench.cli import app
 from xmcbench.config import TrainConfig
 from xmcbench.data import load_dataset_from_path
@@ -20,6 +21,11 @@ from xmcbench.errors import XmcError
 from xmcbench.metrics import format_metrics
 from xmcbench.registry import build_registry
 from xmcbench.testing import write_tiny_dataset
+from xmcbench.runs import launch
+from xmcbench.rundir import save_validation_predictions, VALIDATION_PREDICTIONS_FILE
+from xmcbench.runs.plan import plan_run
+from xmcbench.runs.splits import split_train_rows
+from xmcbench.scoring import remap_labels
 
 cli = CliRunner()
 slow = pytest.mark.slow
@@ -205,9 +211,9 @@ def runs(tmp_path_factory, tiny_model_dir):
             path.write_text(path.read_text().replace("db:sql", "db:sqlite"))
 
         def train(data, seed, name):
-            plan = runner.plan_run(registry, "lightxml", str(data), set_options=tiny_options(tiny_model_dir),
+            plan = plan_run(registry, "lightxml", str(data), set_options=tiny_options(tiny_model_dir),
                                    seed=seed)
-            return runner.run(plan, root / name, registry=registry, log=lambda line: None)
+            return launch.run(plan, root / name, registry=registry, log=lambda line: None)
 
         yield {"dataset": dataset, "registry": registry, "root": root,
                "members": [train(dataset, 1, "seed1"), train(dataset, 2, "seed2")],
@@ -245,7 +251,7 @@ def test_ensemble_metrics_from_saved_predictions_equal_evaluate_rescoring(runs, 
     np.testing.assert_array_equal(load_file(str(directory / "predictions.safetensors"))["labels"], expected)
 
     # re-scoring by predicting with every member model gives the same metrics
-    rescored = ensemble.evaluate_ensemble(directory, registry=registry)
+    rescored = saved_models.evaluate(directory, registry=registry)
     assert {k: v for k, v in rescored.items() if isinstance(v, float)} == pytest.approx(floats)
     assert rescored["frequency_bins"] == saved["frequency_bins"] and rescored["propensity"] == saved["propensity"]
     result = cli.invoke(app, ["evaluate", str(directory)])
@@ -269,7 +275,7 @@ def test_predict_with_an_ensemble_returns_k_labels_by_descending_score(runs, tmp
     members, registry = runs["members"], runs["registry"]
     directory = ensemble.build_ensemble(members, tmp_path / "ens", registry=registry, log=lambda line: None)
     texts = (runs["dataset"] / "test_texts.txt").read_text().splitlines()
-    results = ensemble.predict_texts(directory, texts, top_k=3, registry=registry)
+    results = saved_models.predict_texts(directory, texts, top_k=3, registry=registry)
     names = json.loads((members[0] / "model" / "labels.json").read_text())
     saved = load_file(str(directory / "predictions.safetensors"))
     assert len(results) == len(texts)
@@ -322,7 +328,7 @@ def test_a_member_that_changed_after_building_is_caught(runs, tmp_path):
     shutil.rmtree(moved[1])
     shutil.copytree(runs["other"], moved[1])
     with pytest.raises(XmcError, match="label vocabulary"):
-        ensemble.predict_texts(directory, ["python module"], registry=registry)
+        saved_models.predict_texts(directory, ["python module"], registry=registry)
     with pytest.raises(XmcError, match="at least two runs"):
         ensemble.build_ensemble(moved[:1], tmp_path / "one", registry=registry)
 
@@ -339,9 +345,9 @@ def hybrid(tmp_path_factory, tiny_model_dir):
         dataset = write_tiny_dataset(root / "tiny-topics")
 
         def train(method, seed, name):
-            plan = runner.plan_run(registry, method, str(dataset), seed=seed,
+            plan = plan_run(registry, method, str(dataset), seed=seed,
                                    set_options=tiny_options(tiny_model_dir) + ["validation_size=8"])
-            return runner.run(plan, root / name, registry=registry, log=lambda line: None)
+            return launch.run(plan, root / name, registry=registry, log=lambda line: None)
 
         yield {"dataset": dataset, "registry": registry, "root": root,
                "members": [train("lightxml", 3, "lightxml-seed3"), train("lightxml-random-neg", 3, "random-seed3")],
@@ -352,15 +358,15 @@ def validation_truth(member, dataset_folder, rows):
     """The validation rows' training labels in the member's label vocabulary."""
     dataset = load_dataset_from_path(dataset_folder)
     names = json.loads((member / "model" / "labels.json").read_text())
-    return runner.remap_labels(dataset.train_labels[rows], dataset.label_names, names)
+    return remap_labels(dataset.train_labels[rows], dataset.label_names, names)
 
 
 @slow
 def test_runs_save_validation_predictions_and_frequency_bins(hybrid):
     member = hybrid["members"][0]
-    saved = load_file(str(member / runner.VALIDATION_PREDICTIONS_FILE))
+    saved = load_file(str(member / VALIDATION_PREDICTIONS_FILE))
     config = TrainConfig.from_dict(json.loads((member / "config.json").read_text())["config"])
-    _, validation_rows = runner.split_train_rows(load_dataset_from_path(hybrid["dataset"]), config)
+    _, validation_rows = split_train_rows(load_dataset_from_path(hybrid["dataset"]), config)
     assert saved["rows"].dtype == np.int64 and saved["rows"].tolist() == validation_rows.tolist()
     assert saved["labels"].shape == saved["scores"].shape == (8, 10)
     assert saved["labels"].dtype == np.int64 and saved["scores"].dtype == np.float32
@@ -412,13 +418,13 @@ def test_weighted_ensemble_round_trip(hybrid, tmp_path):
     # evaluate (every member predicts again) and predict agree with what was saved
     metrics = json.loads((directory / "metrics.json").read_text())
     assert metrics["fusion"] == "weighted" and metrics["metrics_from"] == "saved predictions"
-    rescored = ensemble.evaluate_ensemble(directory, registry=registry)
+    rescored = saved_models.evaluate(directory, registry=registry)
     assert {k: v for k, v in rescored.items() if isinstance(v, float)} == \
         pytest.approx({k: v for k, v in metrics.items() if isinstance(v, float)})
     assert rescored["propensity"] == metrics["propensity"]
     texts = (hybrid["dataset"] / "test_texts.txt").read_text().splitlines()
     names = json.loads((members[0] / "model" / "labels.json").read_text())
-    found = ensemble.predict_texts(directory, texts, top_k=3, registry=registry)
+    found = saved_models.predict_texts(directory, texts, top_k=3, registry=registry)
     assert [r["labels"] for r in found] == [[names[i] for i in row[:3] if i >= 0] for row in saved["labels"]]
 
 
@@ -429,7 +435,7 @@ def test_weighted_fusion_chooses_weights_on_validation_and_ignores_scale(hybrid,
     good, noisy = tmp_path / "good", tmp_path / "noisy"
     shutil.copytree(hybrid["members"][0], good)
     shutil.copytree(hybrid["members"][1], noisy)
-    saved = load_file(str(good / runner.VALIDATION_PREDICTIONS_FILE))
+    saved = load_file(str(good / VALIDATION_PREDICTIONS_FILE))
     rows = saved["rows"]
     truth = validation_truth(good, hybrid["dataset"], rows)
     labels = np.full((len(rows), 10), -1, dtype=np.int64)
@@ -438,14 +444,14 @@ def test_weighted_fusion_chooses_weights_on_validation_and_ignores_scale(hybrid,
         true = truth[row].indices
         labels[row, :len(true)] = true
         scores[row, :len(true)] = np.linspace(0.9, 0.6, len(true))
-    runner.save_validation_predictions(good / runner.VALIDATION_PREDICTIONS_FILE, labels, scores, rows)
+    save_validation_predictions(good / VALIDATION_PREDICTIONS_FILE, labels, scores, rows)
     rng = np.random.default_rng(0)   # "noisy" ranks every label (8 of them) at random, with SVM-like margins
     num_labels = len(json.loads((noisy / "model" / "labels.json").read_text()))
     noise = np.full((len(rows), 10), -1, dtype=np.int64)
     noise[:, :num_labels] = [rng.permutation(num_labels) for _ in rows]
     noise_scores = np.full((len(rows), 10), -1.0, dtype=np.float32)
     noise_scores[:, :num_labels] = -np.sort(-rng.normal(0, 3, size=(len(rows), num_labels)), axis=1)
-    runner.save_validation_predictions(noisy / runner.VALIDATION_PREDICTIONS_FILE, noise, noise_scores, rows)
+    save_validation_predictions(noisy / VALIDATION_PREDICTIONS_FILE, noise, noise_scores, rows)
 
     directory = ensemble.build_ensemble([good, noisy], tmp_path / "ens", fusion="weighted",
                                         registry=hybrid["registry"], log=lambda line: None)
@@ -455,7 +461,7 @@ def test_weighted_fusion_chooses_weights_on_validation_and_ignores_scale(hybrid,
     assert fusion["validation_members_alone"][0]["P@1"] == pytest.approx(100.0)
 
     # every score of "noisy", on validation and test alike, times 1000: the same weights and ranking
-    for name in (runner.VALIDATION_PREDICTIONS_FILE, "predictions.safetensors"):
+    for name in (VALIDATION_PREDICTIONS_FILE, "predictions.safetensors"):
         arrays = load_file(str(noisy / name))
         arrays["scores"] = arrays["scores"] * 1000
         save_file(arrays, str(noisy / name))
@@ -471,7 +477,7 @@ def test_weighted_fusion_refuses_members_without_one_validation_split(hybrid, ru
     members, registry = hybrid["members"], hybrid["registry"]
     without = tmp_path / "without"   # a member trained without a validation split, on the same data
     shutil.copytree(members[1], without)
-    (without / runner.VALIDATION_PREDICTIONS_FILE).unlink()
+    (without / VALIDATION_PREDICTIONS_FILE).unlink()
     with pytest.raises(XmcError) as error:
         ensemble.build_ensemble([members[0], without], tmp_path / "ens", fusion="weighted", registry=registry)
     message = str(error.value)

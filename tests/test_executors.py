@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from xmcbench import runner
 from xmcbench.cli import app
 from xmcbench.compare import run_cells
 from xmcbench.errors import XmcError
@@ -30,6 +29,10 @@ from xmcbench.executors import CELL_LOG, GRID_LOG, INTERRUPTED, RESUMED, Executo
 from xmcbench.registry import build_registry
 from xmcbench.testing import check_executor
 from xmcbench.training import TrainingInterrupted
+from xmcbench import formats
+from xmcbench.formats import open_dataset
+from xmcbench.rundir import is_finished
+from xmcbench.runs.plan import plan_run
 
 CONTRIBUTING = Path(__file__).resolve().parents[1] / "CONTRIBUTING.md"
 TINY = ["pretrained_weights=false", "num_layers=2", "hidden_size=8", "epochs=1", "max_length=32", "cluster_size=2",
@@ -51,7 +54,7 @@ def compare_args(model_dir: Path, dataset: Path, output: Path, methods=("lightxm
 
 
 def finished_runs(output: Path) -> dict[str, Path]:
-    return {path.name: path for path in sorted((output / "runs").iterdir()) if runner.is_finished(path)}
+    return {path.name: path for path in sorted((output / "runs").iterdir()) if is_finished(path)}
 
 
 def same_results(first: Path, second: Path) -> bool:
@@ -150,18 +153,18 @@ def test_a_cell_on_a_worker_stops_at_sigint_before_it_trains(tiny_model_dir, tin
     """Engines may start workers with SIGINT ignored, and cancel a running cell with SIGINT (ray.cancel, scancel
     --signal=INT): a cell interrupted while it reads its data stops there instead of training to the end."""
     registry = build_registry()
-    dataset = runner.open_dataset(registry, str(tiny_dataset))
-    plan = runner.plan_run(registry, "lightxml", str(tiny_dataset), None, settings(tiny_model_dir, "threads=1"), 0,
+    dataset = open_dataset(registry, str(tiny_dataset))
+    plan = plan_run(registry, "lightxml", str(tiny_dataset), None, settings(tiny_model_dir, "threads=1"), 0,
                            loaded=dataset)
     task = cell_task("cell", "lightxml", 0, plan, tmp_path / "runs" / "cell", dataset.version, tmp_path / "grid")
-    opened = runner.open_dataset
+    opened = open_dataset
 
     def cancelled_while_reading(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(1.0)
         return opened(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "open_dataset", cancelled_while_reading)
+    monkeypatch.setattr(formats, "open_dataset", cancelled_while_reading)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)   # as a worker may start
     try:
         result = run_cell(task)   # no driver context: as on a worker
@@ -312,7 +315,7 @@ def test_ctrl_c_cancels_the_grid_on_ray_and_leaves_finished_cells_intact(ray_add
     interrupted = sorted(output.glob("runs/lightxml-seed[12]-*"))
     assert len(interrupted) == 2
     for run_dir in interrupted:   # stopped by SIGINT after a step: a checkpoint to resume from
-        assert (run_dir / "config.json").exists() and not runner.is_finished(run_dir)
+        assert (run_dir / "config.json").exists() and not is_finished(run_dir)
         assert any((run_dir / "checkpoints").iterdir())
     assert not list(output.glob("runs/lightxml-seed3-*")), "a queued cell started after the grid was cancelled"
     assert "grid: interrupted; cancelling its cells" in (output / "grid" / GRID_LOG).read_text()
@@ -320,7 +323,7 @@ def test_ctrl_c_cancels_the_grid_on_ray_and_leaves_finished_cells_intact(ray_add
     resumed = ray_grid.build(ExecutorOptions(cell_cpus=1))
     watched = CtrlCWhenTraining(resumed, output / "runs", ["never"])
     cells = grid([0, 1, 2, 3], watched)["lightxml"]
-    assert all(runner.is_finished(path) for path in cells)
+    assert all(is_finished(path) for path in cells)
     assert sorted(result.status for result in watched.results) == [RESUMED, RESUMED, "trained"]
     for run_dir in interrupted:
         assert re.search(r"resuming .* at step [1-9]", (run_dir / CELL_LOG).read_text())
@@ -345,7 +348,7 @@ def test_two_grids_into_one_folder_at_once_train_each_cell_once(ray_address, tin
         serial.kill()
     assert on_ray.exit_code == 0 and serial.returncode == 0, on_ray.output + "\n----\n" + serial_log
     runs = sorted((output / "runs").iterdir())
-    assert len(runs) == 4 and all(runner.is_finished(path) for path in runs)
+    assert len(runs) == 4 and all(is_finished(path) for path in runs)
     for log in (on_ray.output, serial_log):   # each grid trained a cell, or found it finished before or meanwhile
         ended = [re.findall(pattern, log) for pattern in (r"seed \d: trained in", r"seed \d: reusing",
                                                           r"seed \d: reused \(another grid finished it meanwhile")]

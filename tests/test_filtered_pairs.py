@@ -16,13 +16,22 @@ import scipy.sparse as sp
 from safetensors.numpy import load_file
 
 import xmcbench
-from xmcbench import ensemble, report, runner
+from xmcbench import ensemble, report
+from xmcbench.runs import component
 from xmcbench.config import MethodSpec
 from xmcbench.formats import FormatOptions
 from xmcbench.hookspecs import hookimpl
 from xmcbench.inference import Predictions
 from xmcbench.interfaces import WholeMethod
 from xmcbench.registry import build_registry
+from xmcbench import saved as saved_models
+from xmcbench.runs import launch
+from xmcbench.config import TrainConfig
+from xmcbench.formats import open_dataset
+from xmcbench.rundir import reading_of
+from xmcbench.runs.plan import plan_run
+from xmcbench.saved import rescore_run
+from xmcbench.scoring import evaluate_predictions, propensities, room_for_filtered_pairs, score, without_filtered_pairs
 
 # Labels 0-3 (their names are the ids). Test truth: zero {0, 2}, one {1}, two {3}. Filtered test pairs:
 # (zero, 1), (one, 1) (a true label: removed all the same), (two, 0), and (two, 2), which no prediction holds.
@@ -96,7 +105,7 @@ def golden(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def fixed_runs(registry, golden, tmp_path_factory) -> list[Path]:
     folder = tmp_path_factory.mktemp("runs")
-    return [runner.run(runner.plan_run(registry, "fixed", str(golden), set_options=["validation_size=0"], seed=seed),
+    return [launch.run(plan_run(registry, "fixed", str(golden), set_options=["validation_size=0"], seed=seed),
                        folder / f"seed{seed}", registry=registry, log=lambda line: None) for seed in (0, 1)]
 
 
@@ -108,10 +117,10 @@ def assert_by_hand(metrics: dict) -> None:
 def test_without_filtered_pairs_moves_the_rest_up():
     labels = np.array([[1, 0, 3, 2], [5, -1, -1, -1], [4, 1, 2, 3]])
     filtered = sp.csr_matrix(np.array([[0, 1, 0, 1, 0, 0], [0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0]]))
-    kept, record = runner.without_filtered_pairs(labels, filtered)
+    kept, record = without_filtered_pairs(labels, filtered)
     assert kept.tolist() == [[0, 2, -1, -1], [-1, -1, -1, -1], [4, 1, 2, 3]]
     assert record == {"filtered_pairs": {"listed": 3, "removed": 3}}
-    assert runner.without_filtered_pairs(labels, None) == (labels, {})
+    assert without_filtered_pairs(labels, None) == (labels, {})
 
 
 def test_a_run_keeps_room_for_its_filtered_pairs(fixed_runs):
@@ -119,11 +128,11 @@ def test_a_run_keeps_room_for_its_filtered_pairs(fixed_runs):
     config = json.loads((fixed_runs[0] / "config.json").read_text())["config"]
     assert config["top_k"] == 10   # the default already leaves room for 5 + 2
     dataset = types.SimpleNamespace(test_filter=sp.csr_matrix(np.array([[1, 1, 1], [0, 1, 0]])), train_filter=None)
-    narrow = runner.TrainConfig(top_k=5)
-    runner.room_for_filtered_pairs(narrow, dataset, log=lambda line: None)
+    narrow = TrainConfig(top_k=5)
+    room_for_filtered_pairs(narrow, dataset, log=lambda line: None)
     assert narrow.top_k == 8
-    unfiltered = runner.TrainConfig(top_k=5)
-    runner.room_for_filtered_pairs(unfiltered, types.SimpleNamespace(test_filter=None, train_filter=None))
+    unfiltered = TrainConfig(top_k=5)
+    room_for_filtered_pairs(unfiltered, types.SimpleNamespace(test_filter=None, train_filter=None))
     assert unfiltered.top_k == 5
 
 
@@ -136,13 +145,13 @@ def test_golden_a_run_scores_without_the_filtered_pairs(fixed_runs):
 
 def test_golden_every_other_scoring_path_agrees(fixed_runs, registry, golden, tmp_path):
     run = fixed_runs[0]
-    assert_by_hand(runner.evaluate_run(run, registry=registry))
+    assert_by_hand(saved_models.evaluate(run, registry=registry))
     assert_by_hand(xmcbench.load(run, registry=registry).evaluate())
-    assert_by_hand(runner.rescore_run(run, registry=registry, log=lambda line: None))
-    assert_by_hand(runner.evaluate_predictions(run / "predictions.npz", str(golden), registry=registry)[0])
+    assert_by_hand(rescore_run(run, registry=registry, log=lambda line: None))
+    assert_by_hand(evaluate_predictions(run / "predictions.npz", str(golden), registry=registry)[0])
     built = ensemble.build_ensemble(fixed_runs, tmp_path / "ensemble", registry=registry, log=lambda line: None)
     assert_by_hand(json.loads((built / "metrics.json").read_text()))
-    assert_by_hand(ensemble.evaluate_ensemble(built, registry=registry))
+    assert_by_hand(saved_models.evaluate(built, registry=registry))
 
 
 def test_the_report_says_pairs_were_filtered(fixed_runs, tmp_path):
@@ -163,9 +172,9 @@ def test_label_texts_option_is_recorded_and_read_again(registry, tmp_path):
                          validation_size=0).path
     recorded = json.loads((run / "config.json").read_text())
     assert recorded["reading"]["label_texts"] == str(tmp_path / "texts.tsv")
-    dataset = runner.open_dataset(registry, recorded["dataset"], options=runner.reading_of(recorded))
+    dataset = open_dataset(registry, recorded["dataset"], options=reading_of(recorded))
     assert dataset.label_texts == ["the first letter", "b"] and dataset.version == recorded["dataset_version"]
-    runner.rescore_run(run, registry=registry, log=lambda line: None)   # reads the dataset as the run did
+    rescore_run(run, registry=registry, log=lambda line: None)   # reads the dataset as the run did
 
 
 @pytest.fixture
@@ -174,7 +183,7 @@ def filtered_lf(registry, tmp_path) -> Path:
     from xmcbench.formats import write_dataset
     from xmcbench.testing import write_tiny_dataset
 
-    dataset = runner.open_dataset(registry, str(write_tiny_dataset(tmp_path / "tiny", train=40, test=12)))
+    dataset = open_dataset(registry, str(write_tiny_dataset(tmp_path / "tiny", train=40, test=12)))
     rng = np.random.default_rng(0)
     for split in ("train", "test"):
         rows = dataset.train_labels.shape[0] if split == "train" else dataset.test_labels.shape[0]
@@ -189,38 +198,38 @@ def assert_scored_with_the_filter(registry, run: Path, folder: Path) -> None:
     """metrics.json equals the score of the run's saved predictions without the dataset's filtered pairs."""
     metrics = json.loads((run / "metrics.json").read_text())
     saved = load_file(str(run / "predictions.safetensors"))
-    dataset = runner.open_dataset(registry, str(folder))
-    expected = runner.score(Predictions(saved["labels"], saved["scores"], None), dataset.test_labels, None,
-                            runner.propensities(dataset), (1, 3, 5), filtered=dataset.test_filter)
+    dataset = open_dataset(registry, str(folder))
+    expected = score(Predictions(saved["labels"], saved["scores"], None), dataset.test_labels, None,
+                            propensities(dataset), (1, 3, 5), filtered=dataset.test_filter)
     assert metrics["filtered_pairs"] == expected["filtered_pairs"] and metrics["filtered_pairs"]["removed"] > 0
     assert metrics["P@1"] == pytest.approx(expected["P@1"]) and metrics["PSP@5"] == pytest.approx(expected["PSP@5"])
-    assert runner.evaluate_run(run, registry=registry)["P@5"] == pytest.approx(metrics["P@5"])
+    assert saved_models.evaluate(run, registry=registry)["P@5"] == pytest.approx(metrics["P@5"])
 
 
 @pytest.mark.slow
 def test_a_lightxml_run_filters_its_test_and_validation_rows(registry, tiny_model_dir, filtered_lf, tmp_path,
                                                             monkeypatch):
     scored = []
-    original = runner.score
+    original = score
 
     def spy(*args, **kwargs):
         scored.append(kwargs.get("filtered"))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "score", spy)
+    monkeypatch.setattr(component, "score", spy)
     settings = [f"model_name={tiny_model_dir}", "pretrained_weights=false", "num_layers=2", "epochs=1",
                 "max_length=16", "threads=1", "hidden_size=8", "validation_size=8", "batch_size=8"]
-    plan = runner.plan_run(registry, "lightxml", str(filtered_lf), set_options=settings)
-    run = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    plan = plan_run(registry, "lightxml", str(filtered_lf), set_options=settings)
+    run = launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     validation, test = scored[0], scored[-1]
     assert validation.shape[0] == 8 and test.shape[0] == 12   # the validation rows' train pairs, the test pairs
-    monkeypatch.setattr(runner, "score", original)
+    monkeypatch.setattr(component, "score", original)
     assert_scored_with_the_filter(registry, run, filtered_lf)
 
 
 def test_a_plt_run_on_the_label_feature_layout(registry, filtered_lf, tmp_path):
     if "plt" not in registry.methods:
         pytest.skip("the xmcbench-linear plugin (pip install -e 'plugins/xmcbench-linear[all]') is not installed")
-    plan = runner.plan_run(registry, "plt", str(filtered_lf), set_options=["validation_size=8", "threads=1"])
-    run = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    plan = plan_run(registry, "plt", str(filtered_lf), set_options=["validation_size=8", "threads=1"])
+    run = launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     assert_scored_with_the_filter(registry, run, filtered_lf)

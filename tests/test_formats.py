@@ -17,7 +17,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from xmcbench import runner
 from xmcbench.cli import app
 from xmcbench.data import Dataset
 from xmcbench.errors import XmcError
@@ -25,6 +24,11 @@ from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset
     label_lists, read_dataset, read_xc_sparse, split_test, write_dataset
 from xmcbench.hookspecs import hookimpl
 from xmcbench.registry import RegistrationError, build_registry
+from xmcbench import saved as saved_models
+from xmcbench.formats import open_dataset
+from xmcbench.rundir import reading_of
+from xmcbench.runs.plan import plan_run
+from xmcbench.saved import rescore_run
 
 cli = CliRunner()
 
@@ -100,7 +104,7 @@ def write_csv_folder(folder: Path) -> Path:
 def test_csv_folder_is_detected_and_read(registry, tmp_path):
     folder = write_csv_folder(tmp_path / "data")
     assert detect_format(registry, folder).name == "delimited"
-    dataset = runner.open_dataset(registry, str(folder))
+    dataset = open_dataset(registry, str(folder))
     assert dataset.train_texts == ["hello, world", "second", "third"] and dataset.test_texts == ["foo", "bar"]
     assert rows_of(dataset, "train") == [["a", "b"], ["b"], ["c"]] and rows_of(dataset, "test") == [["a"], ["c", "z"]]
     assert dataset.label_names == ["a", "b", "c", "z"] and dataset.num_labels == 3
@@ -199,9 +203,9 @@ def test_options_change_the_version_and_are_refused_where_unused(registry, tmp_p
                        ("test_labels", "x\n")):
         (raw / f"{name}.txt").write_text(text)
     with pytest.raises(XmcError, match="the raw_text format does not use --test-size"):
-        runner.open_dataset(registry, str(raw), options=FormatOptions(test_size=0.5))
+        open_dataset(registry, str(raw), options=FormatOptions(test_size=0.5))
     with pytest.raises(XmcError, match="--text-column read a folder or file, not the registered dataset"):
-        runner.open_dataset(registry, "debian-debtags-mini", options=FormatOptions(text_column="body"))
+        open_dataset(registry, "debian-debtags-mini", options=FormatOptions(text_column="body"))
 
 
 # -- XC sparse, PECOS, Hugging Face ---------------------------------------------------------------------
@@ -223,7 +227,7 @@ def test_xc_reader_against_a_hand_written_file(registry, tmp_path):
                                                               [0, 0, 0.5, 0, 0.25], [0, 0, 0, 0, 0]])
     assert parsed.features.dtype == np.float32 and parsed.labels.shape == (4, 6)
     assert [list(row.indices) for row in parsed.labels] == [[0, 2], [], [5], []]
-    dataset = runner.open_dataset(registry, str(tmp_path / "xc"))
+    dataset = open_dataset(registry, str(tmp_path / "xc"))
     assert dataset.train_texts == [] and dataset.train_features.shape == (4, 5)
     assert dataset.label_names == ["0", "2", "5", "1", "4"] and dataset.num_labels == 3
     assert rows_of(dataset, "test") == [["2", "4"], ["1"]]
@@ -233,7 +237,7 @@ def test_xc_reader_against_a_hand_written_file(registry, tmp_path):
 def test_xc_errors_are_one_line(registry, tmp_path):
     folder = write_xc(tmp_path / "xc")
     with pytest.raises(XmcError, match="has sparse features but no texts, and lightxml reads texts"):
-        runner.plan_run(registry, "lightxml", str(folder))   # the methods that read features: xmcbench-linear's
+        plan_run(registry, "lightxml", str(folder))   # the methods that read features: xmcbench-linear's
     (folder / "test.txt").write_text("3 5 6\n1 0:1\n")
     with pytest.raises(XmcError, match=r"header line 1 says 3 documents but the file has 1"):
         read_dataset(registry, folder)
@@ -252,7 +256,7 @@ def test_pecos_with_texts_features_and_names(registry, tmp_path):
     sp.save_npz(folder / "X.trn.npz", sp.csr_matrix(np.eye(2, 4, dtype=np.float32)))
     sp.save_npz(folder / "X.tst.npz", sp.csr_matrix(np.ones((1, 4), dtype=np.float32)))
     (folder / "output-items.txt").write_text("red\ngreen\nblue\n")
-    dataset = runner.open_dataset(registry, str(folder))
+    dataset = open_dataset(registry, str(folder))
     assert dataset.train_texts == ["alpha", "beta"] and rows_of(dataset, "train") == [["blue", "red"], ["green"]]
     assert dataset.train_features.shape == (2, 4) and dataset.test_features.shape == (1, 4)
     (folder / "output-items.txt").write_text("red\ngreen\n")
@@ -306,7 +310,7 @@ def test_hf_datasets_single_split_and_class_labels(registry, tmp_path, hf_datase
     table = datasets.Dataset.from_dict({"sentence": [f"s{i}" for i in range(10)], "topic": [i % 2 for i in range(10)]},
                                        features=features)
     table.save_to_disk(str(tmp_path / "one"))
-    dataset = runner.open_dataset(registry, str(tmp_path / "one"),
+    dataset = open_dataset(registry, str(tmp_path / "one"),
                                   options=FormatOptions(text_column="sentence", label_column="topic", test_size=0.2))
     assert len(dataset.test_texts) == 2 and set(dataset.label_names) == {"sports", "news"}
 
@@ -330,7 +334,7 @@ def test_unknown_and_ambiguous_paths_end_in_one_line(tmp_path):
 
 def test_raw_text_layout_is_read_first_as_before(registry, tiny_dataset):
     write_csv_folder(tiny_dataset)   # a raw-text folder that also holds CSV files stays a raw-text folder
-    dataset = runner.open_dataset(registry, str(tiny_dataset))
+    dataset = open_dataset(registry, str(tiny_dataset))
     assert len(dataset.train_texts) == 48
     assert read_dataset(registry, tiny_dataset, FormatOptions(format_name="delimited")).train_texts[0] == \
         "hello, world"
@@ -368,7 +372,7 @@ def test_a_third_party_format_is_detected_chosen_and_converted(tmp_path):
     (folder / "train.tt").write_text("first doc\t\tx\ty\nsecond doc\t\ty\n")
     (folder / "test.tt").write_text("third doc\t\tx\n")
     assert detect_format(registry, folder).name == "tabtab"
-    dataset = runner.open_dataset(registry, str(folder), options=FormatOptions(format_name="tabtab"))
+    dataset = open_dataset(registry, str(folder), options=FormatOptions(format_name="tabtab"))
     assert rows_of(dataset, "train") == [["x", "y"], ["y"]]
     out = write_dataset(registry, dataset, tmp_path / "out", "delimited")
     assert read_dataset(registry, out).train_texts == ["first doc", "second doc"]
@@ -484,7 +488,7 @@ def test_convert_on_the_command_line(tmp_path):
 @pytest.mark.slow
 def test_run_on_a_csv_folder(tiny_model_dir, tiny_dataset, tmp_path):
     registry = build_registry()
-    folder = write_dataset(registry, runner.open_dataset(registry, str(tiny_dataset)), tmp_path / "csv", "delimited",
+    folder = write_dataset(registry, open_dataset(registry, str(tiny_dataset)), tmp_path / "csv", "delimited",
                            FormatOptions(text_column="body"))
     settings_ = [f"model_name={tiny_model_dir}", "pretrained_weights=false", "num_layers=2", "epochs=1",
                  "max_length=32", "threads=1", "cluster_size=2", "top_clusters=2", "hidden_size=8"]
@@ -501,9 +505,9 @@ def test_run_on_a_csv_folder(tiny_model_dir, tiny_dataset, tmp_path):
     # the reading options are recorded, so what reads the run's dataset again reads it as the run did
     assert recorded["reading"]["text_column"] == "body"
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert runner.evaluate_run(tmp_path / "run", registry=registry)["P@1"] == pytest.approx(metrics["P@1"])
-    assert runner.rescore_run(tmp_path / "run", registry=registry, log=lambda line: None)["P@1"] == metrics["P@1"]
-    assert runner.reading_of(recorded) == FormatOptions(text_column="body")
+    assert saved_models.evaluate(tmp_path / "run", registry=registry)["P@1"] == pytest.approx(metrics["P@1"])
+    assert rescore_run(tmp_path / "run", registry=registry, log=lambda line: None)["P@1"] == metrics["P@1"]
+    assert reading_of(recorded) == FormatOptions(text_column="body")
 
 
 # -- label texts and the XC repository's label-feature layout ------------------------------------------------
@@ -618,20 +622,20 @@ def test_label_texts_option_for_a_single_file(registry, tmp_path):
     data_file.write_text("text,labels\n" + "".join(f"doc {i},t{i % 3}\n" for i in range(10)))
     table = write_files(tmp_path / "a", {"labels.tsv": "t0\tprinters\nt1\tnetwork\nt9\ta label no ticket has\n"})
     options = FormatOptions(test_size=0.3, label_texts=str(table / "labels.tsv"))
-    dataset = runner.open_dataset(registry, str(data_file), options=options)
+    dataset = open_dataset(registry, str(data_file), options=options)
     assert dict(zip(dataset.label_names, dataset.label_texts)) == {"t0": "printers", "t1": "network", "t2": "t2"}
     assert dataset.report == {"labels_without_text": 1, "label_texts_unused": 1}
-    plain = runner.open_dataset(registry, str(data_file), options=FormatOptions(test_size=0.3))
+    plain = open_dataset(registry, str(data_file), options=FormatOptions(test_size=0.3))
     assert plain.label_texts is None and plain.version != dataset.version
     # the version follows the table's contents, not where it lies; a relative path is kept absolute
     moved = write_files(tmp_path / "b", {"t.tsv": (table / "labels.tsv").read_text()})
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path)
         relative = FormatOptions(test_size=0.3, label_texts=str(Path(moved.name) / "t.tsv"))
-    assert runner.open_dataset(registry, str(data_file), options=relative).version == dataset.version
+    assert open_dataset(registry, str(data_file), options=relative).version == dataset.version
     assert relative.label_texts == str(moved / "t.tsv")
     edited = write_files(tmp_path / "c", {"t.tsv": "t0\tprinting\n"})
-    assert runner.open_dataset(registry, str(data_file), options=FormatOptions(
+    assert open_dataset(registry, str(data_file), options=FormatOptions(
         test_size=0.3, label_texts=str(edited / "t.tsv"))).version != dataset.version
 
 
@@ -641,15 +645,15 @@ def test_a_dataset_with_its_own_label_texts_refuses_the_option(registry, tmp_pat
                                             "label_texts.tsv": "x\tex\n"})
     table = write_files(tmp_path / "t", {"other.tsv": "x\tanother\n"})
     with pytest.raises(XmcError, match="carries label texts of its own .from label_texts.tsv.; drop --label-texts"):
-        runner.open_dataset(registry, str(folder), options=FormatOptions(label_texts=str(table / "other.tsv")))
+        open_dataset(registry, str(folder), options=FormatOptions(label_texts=str(table / "other.tsv")))
     lf = write_files(tmp_path / "lf", LF_FILES)
     with pytest.raises(XmcError, match="carries label texts of its own .from its xc_label_features files."):
-        runner.open_dataset(registry, str(lf), options=FormatOptions(label_texts=str(table / "other.tsv")))
+        open_dataset(registry, str(lf), options=FormatOptions(label_texts=str(table / "other.tsv")))
     (lf / "label_texts.tsv").write_text("0\tshoes\n")
     with pytest.raises(XmcError, match="holds Y.txt and label_texts.tsv, two sources of label texts; keep one"):
-        runner.open_dataset(registry, str(lf))
+        open_dataset(registry, str(lf))
     with pytest.raises(XmcError, match="read a folder or file, not the registered dataset"):
-        runner.open_dataset(registry, "debian-debtags-mini", options=FormatOptions(label_texts=str(table / "o.tsv")))
+        open_dataset(registry, "debian-debtags-mini", options=FormatOptions(label_texts=str(table / "o.tsv")))
 
 
 def test_convert_carries_label_texts_and_says_what_it_leaves_out(tmp_path):
@@ -671,5 +675,5 @@ def test_convert_carries_label_texts_and_says_what_it_leaves_out(tmp_path):
     result = xmcbench("convert", str(lf), str(tmp_path / "lf-again"), "--to", "xc_label_features")
     assert result.returncode == 0 and "not written" not in result.stdout
     assert (tmp_path / "lf-again" / "filter_labels_test.txt").read_text() == "0 1\n1 3\n"
-    labelled = runner.open_dataset(build_registry(), str(tmp_path / "lf-raw"))
+    labelled = open_dataset(build_registry(), str(tmp_path / "lf-raw"))
     assert labelled.label_texts == ["Shoes", "Shirts", "2", "Socks"] and labelled.test_filter is None

@@ -5,9 +5,10 @@ import json
 import pytest
 import torch
 
-from xmcbench import runner
 from xmcbench.registry import build_registry
 from xmcbench.testing import make_tiny_transformer, tiny_config
+from xmcbench.runs import launch
+from xmcbench.runs.plan import plan_run
 
 HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -48,8 +49,8 @@ def test_a_run_records_the_loaded_dtype(half_checkpoint, tiny_dataset, tmp_path)
     registry = build_registry()
     options = {"model_name": str(folder), "pretrained_weights": "true", "num_layers": 2, "epochs": 1,
                "batch_size": 8, "max_length": 32, "threads": 1}
-    plan = runner.plan_run(registry, "lightxml", str(tiny_dataset), set_options=[f"{k}={v}" for k, v in options.items()])
-    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    plan = plan_run(registry, "lightxml", str(tiny_dataset), set_options=[f"{k}={v}" for k, v in options.items()])
+    run_dir = launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     resolved = json.loads((run_dir / "config.json").read_text())["resolved"]
     assert resolved["encoder_loaded_dtype"] == name and resolved["parameter_dtype"] == "float32"
     steps = json.loads((run_dir / "training_log.json").read_text())["steps"]

@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from xmcbench import runner
 from xmcbench.modelio import build_model
 from xmcbench.training import Trainer
 from xmcbench.profiling import count_host_syncs
 from xmcbench.registry import build_registry
 from xmcbench.tokenization import tokenize
+from xmcbench.indexing import label_clusters
+from xmcbench.runs.plan import plan_run
+from xmcbench.runs.splits import split_train_rows
 
 # with label clusters: the ranker's torch.unique over the batch's candidates (scored once each through one
 # matrix product) and RowAdam's coalescing of the label-embedding gradient; flat: nothing
@@ -24,9 +26,9 @@ def trainer_for(tiny_model_dir, tiny_dataset, cluster_size):
     options = {"model_name": str(tiny_model_dir), "pretrained_weights": "false", "num_layers": 2,
                "cluster_size": cluster_size, "top_clusters": 2, "max_length": 32, "hidden_size": 8,
                "batch_size": 8, "threads": 1}
-    plan = runner.plan_run(registry, "lightxml", str(tiny_dataset), set_options=[f"{k}={v}" for k, v in options.items()])
-    rows, _ = runner.split_train_rows(plan.loaded, plan.config)
-    model = build_model(registry, plan.config, runner.label_clusters(plan.loaded, plan.config, rows))
+    plan = plan_run(registry, "lightxml", str(tiny_dataset), set_options=[f"{k}={v}" for k, v in options.items()])
+    rows, _ = split_train_rows(plan.loaded, plan.config)
+    model = build_model(registry, plan.config, label_clusters(plan.loaded, plan.config, rows))
     tokens = tokenize(plan.loaded.train_texts, model.encoder.tokenizer, 32, texts_key=None).subset(rows)
     trainer = Trainer(model, tokens, plan.loaded.train_labels[rows], plan.config, torch.device("cpu"))
     trainer.prepare()

@@ -14,7 +14,6 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from xmcbench import runner
 from xmcbench.candidates import positive_targets, unique_per_row
 from xmcbench.config import MethodSpec, Stage, TrainConfig
 from xmcbench.errors import XmcError
@@ -24,6 +23,13 @@ from xmcbench.modelio import load_model_dir, model_size
 from xmcbench.registry import build_registry
 from xmcbench.testing import TOPICS, check_component, check_method, tiny_config, write_tiny_dataset, \
     write_tiny_label_texts
+from xmcbench.runs import launch
+from xmcbench.formats import open_dataset
+from xmcbench.indexing import label_clusters
+from xmcbench.models import predict_documents
+from xmcbench.runs.plan import plan_run
+from xmcbench.runs.splits import split_train_rows
+from xmcbench.scoring import propensities
 
 pytestmark = pytest.mark.slow
 
@@ -161,16 +167,16 @@ def labelled_dataset(tmp_path):
 
 
 def open_with_texts(registry, folder):
-    dataset = runner.open_dataset(registry, str(folder))
+    dataset = open_dataset(registry, str(folder))
     assert dataset.label_texts == [TOPICS[name] for name in dataset.label_names], "label_texts.tsv was read"
     return dataset
 
 
 def train(registry, method, folder, output, settings):
     dataset = open_with_texts(registry, folder)
-    plan = runner.plan_run(registry, method, str(folder), set_options=settings, seed=0, loaded=dataset)
+    plan = plan_run(registry, method, str(folder), set_options=settings, seed=0, loaded=dataset)
     plan.loaded = dataset
-    return runner.run(plan, output, registry=registry, log=lambda line: None), dataset
+    return launch.run(plan, output, registry=registry, log=lambda line: None), dataset
 
 
 # -- factories receive what they declare ----------------------------------------------------------------
@@ -200,12 +206,12 @@ def test_factories_receive_label_info_and_the_encoder_they_declare(tiny_model_di
     registry = build_registry([("contracts-test", dual_plugin(tower=recording_tower))], load_entry_points=True)
     run_dir, dataset = train(registry, "test-dual", labelled_dataset, tmp_path / "run", tiny_settings(tiny_model_dir))
     info = seen["label_info"]
-    train_rows, _ = runner.split_train_rows(dataset, TrainConfig(validation_size=0))
+    train_rows, _ = split_train_rows(dataset, TrainConfig(validation_size=0))
     expected_counts = np.asarray(dataset.train_labels[train_rows].sum(axis=0)).ravel()[:dataset.num_labels]
     assert info.names == tuple(dataset.label_names[:dataset.num_labels])
     assert info.texts == tuple(TOPICS[name] for name in info.names)
     assert np.array_equal(info.counts, expected_counts)
-    assert np.allclose(info.inverse_propensities, runner.propensities(dataset).inverse[:dataset.num_labels])
+    assert np.allclose(info.inverse_propensities, propensities(dataset).inverse[:dataset.num_labels])
     assert isinstance(seen["encoder"], nn.Module) and seen["encoder"].out_dim == 64   # 2 layers x 32
 
     model, _, names = load_model_dir(run_dir, registry)
@@ -233,19 +239,19 @@ def test_a_stage_that_freezes_the_encoder_freezes_it_inside_the_ranker_too(tiny_
     registry.methods["test-dual"] = type(registry.methods["test-dual"])(
         MethodSpec(spec.name, spec.description, spec.defaults, stages=frozen_encoder), "test")
     dataset = open_with_texts(registry, labelled_dataset)
-    plan = runner.plan_run(registry, "test-dual", str(labelled_dataset), set_options=tiny_settings(tiny_model_dir),
+    plan = plan_run(registry, "test-dual", str(labelled_dataset), set_options=tiny_settings(tiny_model_dir),
                            seed=0, loaded=dataset)
-    train_rows, _ = runner.split_train_rows(dataset, plan.config)
+    train_rows, _ = split_train_rows(dataset, plan.config)
     from xmcbench.device import seed_everything
     from xmcbench.labels import label_info
     from xmcbench.modelio import build_model
 
     seed_everything(plan.config.seed)   # as the run does before building its model: the same initial weights
-    model = build_model(registry, plan.config, runner.label_clusters(dataset, plan.config, train_rows),
+    model = build_model(registry, plan.config, label_clusters(dataset, plan.config, train_rows),
                         label_info=label_info(dataset, plan.config, train_rows))
     before = copy.deepcopy(model.encoder.state_dict())
     plan.loaded = dataset
-    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    run_dir = launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     trained = load_file(str(run_dir / "model" / "weights.safetensors"))
     for name, tensor in before.items():
         assert torch.equal(trained[f"encoder.{name}"], tensor), f"the frozen encoder's {name} changed"
@@ -370,8 +376,8 @@ def test_without_label_texts_label_embeddings_read_the_label_names(tiny_model_di
         tower=lambda config, in_dim, num_labels, *, encoder, label_info: LabelTower(
             encoder, types.SimpleNamespace(texts=label_info.names, num_labels=label_info.num_labels))))])
     folder = write_tiny_dataset(tmp_path / "data")
-    plan = runner.plan_run(registry, "test-dual", str(folder), set_options=tiny_settings(tiny_model_dir), seed=0)
-    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    plan = plan_run(registry, "test-dual", str(folder), set_options=tiny_settings(tiny_model_dir), seed=0)
+    run_dir = launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     assert seen["texts"] is None
     model, _, _ = load_model_dir(run_dir, registry)
     assert bool(model.recaller.label_vectors.abs().sum() > 0), "the names were embedded"
@@ -383,7 +389,7 @@ def test_prediction_goes_through_search_not_a_score_of_every_label(tiny_model_di
     registry = build_registry([("contracts-test", dual_plugin())])
     run_dir, dataset = train(registry, "test-dual", labelled_dataset, tmp_path / "run", tiny_settings(tiny_model_dir))
     model, config, names = load_model_dir(run_dir, registry)
-    expected = runner.predict_saved_model(model, dataset.test_texts, None, config)
+    expected = predict_documents(model, dataset.test_texts, None, config)
 
     def refuse(representation):
         raise AssertionError("prediction scored every label")
@@ -392,7 +398,7 @@ def test_prediction_goes_through_search_not_a_score_of_every_label(tiny_model_di
     search = model.recaller.search
     model.recaller.forward = refuse
     model.recaller.search = lambda representation, top: searched.append(top) or search(representation, top)
-    found = runner.predict_saved_model(model, dataset.test_texts, None, config)
+    found = predict_documents(model, dataset.test_texts, None, config)
     assert searched == [config.top_clusters] and np.array_equal(found.labels, expected.labels)
 
 

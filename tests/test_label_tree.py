@@ -9,12 +9,13 @@ import json
 import pytest
 import torch
 
-from xmcbench import runner
 from xmcbench.config import TrainConfig, apply_overrides
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import LabelClusters, tree_level_clusters
 from xmcbench.modelio import build_model
 from xmcbench.registry import build_registry
+from xmcbench.runs import launch
+from xmcbench.runs.plan import plan_run
 
 # 8 labels in 4 leaf clusters of 2, under 2 top nodes
 CLUSTERS = LabelClusters.from_assignment(torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]), 4)
@@ -91,11 +92,11 @@ def test_every_level_trains_and_the_scores_chain_down_the_tree(tiny_model_dir):
 def test_lightxmls_methods_run_in_a_deeper_tree(method, tiny_model_dir, tiny_dataset, tmp_path):
     """The static sampler draws its fixed candidates from the nodes the level above its own keeps."""
     registry = build_registry()
-    plan = runner.plan_run(registry, method, str(tiny_dataset), set_options=[
+    plan = plan_run(registry, method, str(tiny_dataset), set_options=[
         f"model_name={tiny_model_dir}", "pretrained_weights=false", "num_layers=2", "hidden_size=8",
         "max_length=16", "threads=1", "epochs=1", "refit_epochs=1", "num_clusters=4", "tree_levels=2",
         "level_top=2", "top_clusters=3", "validation_size=8"])   # more leaf clusters kept than the recaller has nodes
-    run = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    run = launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     metrics = json.loads((run / "metrics.json").read_text())
     assert 0 <= metrics["P@1"] <= 100 and "coverage" in " ".join(metrics)
 
@@ -122,10 +123,10 @@ def test_a_level_top_given_for_derived_levels_waits_for_them(tiny_model_dir, tin
     plugin.xmcbench_register_methods = xmcbench_register_methods
     registry = build_registry(extra_plugins=[("deeper", plugin)])
     options = [f"model_name={tiny_model_dir}", "pretrained_weights=false", "level_top=1"]
-    plan = runner.plan_run(registry, "deeper", str(tiny_dataset), set_options=options)
+    plan = plan_run(registry, "deeper", str(tiny_dataset), set_options=options)
     assert plan.config.tree_levels == (2,) and plan.config.level_top == (1,)
     with pytest.raises(XmcError, match=r"level_top=1 must give one count per tree level \(0") as error:
-        runner.plan_run(registry, "lightxml", str(tiny_dataset), set_options=options)   # derives no levels
+        plan_run(registry, "lightxml", str(tiny_dataset), set_options=options)   # derives no levels
     assert "\n" not in str(error.value)
 
 

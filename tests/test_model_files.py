@@ -17,12 +17,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from xmcbench import runner
 from xmcbench.errors import XmcError
 from xmcbench.modelio import REDO, SCHEMA_VERSION, SELF_CHECKSUM, file_digest, load_model_dir, model_size, \
     save_model_dir, signed_description
 from xmcbench.registry import build_registry
 from xmcbench.testing import write_tiny_dataset
+from xmcbench.runs import launch
+from xmcbench.runs.plan import plan_run
+from xmcbench.saved import predict_texts
 
 REPO = Path(__file__).resolve().parents[1]
 slow = pytest.mark.slow
@@ -43,9 +45,9 @@ def trained_run(registry, tiny_model_dir, tmp_path_factory) -> Path:
                "max_length": 32, "threads": 1, "cluster_size": 2, "top_clusters": 2, "hidden_size": 8}
     with pytest.MonkeyPatch.context() as patch:   # the autouse cache fixture is function-scoped
         patch.setenv("XMCBENCH_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-        plan = runner.plan_run(registry, "lightxml", str(dataset),
+        plan = plan_run(registry, "lightxml", str(dataset),
                                set_options=[f"{k}={v}" for k, v in options.items()])
-        return runner.run(plan, base / "run", registry=registry, log=lambda line: None)
+        return launch.run(plan, base / "run", registry=registry, log=lambda line: None)
 
 
 @pytest.fixture
@@ -330,8 +332,8 @@ def test_half_precision_round_trip(half_run, trained_run, registry):
         assert torch.equal(found[key], rounded), key
     assert any(not torch.equal(found[k], t) for k, t in expected.items() if t.is_floating_point())
 
-    full = runner.predict_texts(trained_run, TEXTS, top_k=3, registry=registry)
-    half = runner.predict_texts(run_dir, TEXTS, top_k=3, registry=registry)
+    full = predict_texts(trained_run, TEXTS, top_k=3, registry=registry)
+    half = predict_texts(run_dir, TEXTS, top_k=3, registry=registry)
     for a, b in zip(full, half):
         assert a["labels"][0] == b["labels"][0], (a, b)
         assert max(abs(x - y) for x, y in zip(a["scores"], b["scores"])) < 5e-3, (a, b)
@@ -504,7 +506,6 @@ def test_no_pickle_and_no_unsafe_torch_load_in_the_package():
 
 def test_a_bad_storage_dtype_is_refused_before_any_data_is_read():
     from xmcbench.registry import build_registry
-    from xmcbench.runner import plan_run
 
     with pytest.raises(XmcError, match="storage_dtype='half'.*float16"):
         plan_run(build_registry(), "lightxml", "debian-debtags-mini", set_options=["storage_dtype=half"])

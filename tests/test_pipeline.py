@@ -7,9 +7,12 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from xmcbench import runner
 from xmcbench.modelio import load_model_dir
 from xmcbench.registry import build_registry
+from xmcbench import saved as saved_models
+from xmcbench.runs import launch
+from xmcbench.runs.plan import plan_run
+from xmcbench.saved import predict_texts
 
 pytestmark = pytest.mark.slow
 
@@ -28,9 +31,9 @@ def registry():
 
 @pytest.mark.parametrize("cluster_size", [1, 2])
 def test_run_trains_predicts_scores_and_reloads(registry, tiny_model_dir, tiny_dataset, tmp_path, cluster_size):
-    plan = runner.plan_run(registry, "lightxml", str(tiny_dataset),
+    plan = plan_run(registry, "lightxml", str(tiny_dataset),
                            set_options=tiny_options(tiny_model_dir, cluster_size=cluster_size, top_clusters=2))
-    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    run_dir = launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
 
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert 0 <= metrics["P@1"] <= 100 and "PSP@5" in metrics and "nDCG@3" in metrics
@@ -49,11 +52,11 @@ def test_run_trains_predicts_scores_and_reloads(registry, tiny_model_dir, tiny_d
 
     # a reloaded model predicts exactly what the trained one predicted
     saved = load_file(str(run_dir / "predictions.safetensors"))
-    reloaded = runner.evaluate_run(run_dir, registry=registry)
+    reloaded = saved_models.evaluate(run_dir, registry=registry)
     assert reloaded["P@1"] == pytest.approx(metrics["P@1"])
     model, model_config, label_names = load_model_dir(run_dir, registry)
     test_texts = (tiny_dataset / "test_texts.txt").read_text().splitlines()
-    results = runner.predict_texts(run_dir, test_texts, top_k=5, registry=registry)
+    results = predict_texts(run_dir, test_texts, top_k=5, registry=registry)
     for row, result in enumerate(results):
         expected = [label_names[i] for i in saved["labels"][row][:5] if i >= 0]
         assert result["labels"] == expected
@@ -61,9 +64,9 @@ def test_run_trains_predicts_scores_and_reloads(registry, tiny_model_dir, tiny_d
 
 
 def test_training_reduces_the_loss(registry, tiny_model_dir, tiny_dataset, tmp_path):
-    plan = runner.plan_run(registry, "lightxml", str(tiny_dataset),
+    plan = plan_run(registry, "lightxml", str(tiny_dataset),
                            set_options=tiny_options(tiny_model_dir, epochs=6, swa="false", cluster_size=2))
-    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    run_dir = launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     losses = [s["loss"] for s in json.loads((run_dir / "training_log.json").read_text())["steps"]]
     assert np.mean(losses[-6:]) < np.mean(losses[:6])
 
@@ -96,10 +99,10 @@ def test_gradients_of_both_losses_reach_the_encoder(registry, tiny_model_dir):
 
 
 def test_validation_split_selects_an_epoch_without_the_test_set(registry, tiny_model_dir, tiny_dataset, tmp_path):
-    plan = runner.plan_run(registry, "lightxml", str(tiny_dataset),
+    plan = plan_run(registry, "lightxml", str(tiny_dataset),
                            set_options=tiny_options(tiny_model_dir, validation_size=8, swa="false"))
     lines = []
-    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lines.append)
+    run_dir = launch.run(plan, tmp_path / "run", registry=registry, log=lines.append)
     log = json.loads((run_dir / "training_log.json").read_text())
     assert [v["epoch"] for v in log["validation"]] == [1, 2]
     assert log["selected_epoch"] in (1, 2)

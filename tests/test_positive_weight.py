@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from xmcbench import runner
 from xmcbench.config import Stage, TrainConfig
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import EpochContext, LabelInfo
 from xmcbench.registry import build_registry
 from xmcbench.testing import write_tiny_dataset
 from xmcbench_lightxml.recaller import ClusterLinearRecaller, PropensityWeightedRecaller, build_cluster_linear
+from xmcbench.runs import launch
+from xmcbench.runs.plan import plan_run
 
 
 def label_info(inverse):
@@ -48,9 +49,9 @@ def test_positives_weigh_their_inverse_propensity():
 def test_a_run_with_label_clusters_is_refused_before_its_folder(tiny_model_dir, tmp_path):
     registry = build_registry()
     data = write_tiny_dataset(tmp_path / "data")
-    plan = runner.plan_run(registry, "lightxml", str(data), set_options=[
+    plan = plan_run(registry, "lightxml", str(data), set_options=[
         f"model_name={tiny_model_dir}", "pretrained_weights=false", "num_layers=2", "epochs=1", "max_length=32",
         "threads=1", "hidden_size=8", "cluster_size=2", "top_clusters=2", "options.positive_weight=propensity"])
     with pytest.raises(XmcError, match="positive_weight=propensity weighs each label's positives"):
-        runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+        launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     assert not (tmp_path / "run").exists()

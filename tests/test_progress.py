@@ -4,10 +4,11 @@ import re
 
 import pytest
 
-from xmcbench import runner
 from xmcbench.errors import XmcError
 from xmcbench.progress import progress_bar
 from xmcbench.registry import build_registry
+from xmcbench.runs import launch
+from xmcbench.runs.plan import plan_run
 
 
 def test_lines_at_an_interval_with_rate_eta_and_fields(monkeypatch, capsys):
@@ -44,8 +45,8 @@ def test_training_writes_progress_lines_during_an_epoch(monkeypatch, capsys, tin
     options = {"model_name": str(tiny_model_dir), "pretrained_weights": "false", "num_layers": 2, "epochs": 1,
                "batch_size": 8, "max_length": 32, "threads": 1}
     registry = build_registry()
-    plan = runner.plan_run(registry, "lightxml", str(tiny_dataset), set_options=[f"{k}={v}" for k, v in options.items()])
-    runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    plan = plan_run(registry, "lightxml", str(tiny_dataset), set_options=[f"{k}={v}" for k, v in options.items()])
+    launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     epoch = [line for line in capsys.readouterr().err.splitlines() if line.startswith("epoch 1/1: ")]
     # 48 documents in 6 steps: five lines while the epoch runs, then its summary
     assert len(epoch) == 6

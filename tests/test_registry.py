@@ -14,6 +14,11 @@ from xmcbench.errors import XmcError
 from xmcbench.hookspecs import hookimpl
 from xmcbench.registry import COMPONENT_KINDS, RejectedName, Registry, build_registry, code_record, \
     new_plugin_manager
+from xmcbench.formats import open_dataset
+from xmcbench.runs.component import check_components
+from xmcbench.runs.plan import plan_run
+from xmcbench.runs.splits import split_train_rows
+from xmcbench.scoring import propensities
 
 
 def install_plugin(site: Path, package: str, plugin_code: str, version: str = "1.0", editable: bool = False) -> Path:
@@ -213,7 +218,7 @@ def test_bad_registrations_are_rejected():
 
 
 def test_importing_the_package_loads_no_plugin():
-    code = ("import sys, xmcbench.cli, xmcbench.registry, xmcbench.runner; "
+    code = ("import sys, xmcbench.cli, xmcbench.registry, xmcbench.runs.launch, xmcbench.saved; "
             "print('xmcbench_lightxml.plugin' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
@@ -320,7 +325,6 @@ def test_a_failed_plugins_checks_and_conformance_options_go_with_it():
 
 
 def test_a_components_check_gets_the_runs_settings_and_labels(tiny_dataset, tiny_model_dir):
-    from xmcbench import runner
 
     seen = []
 
@@ -337,20 +341,20 @@ def test_a_components_check_gets_the_runs_settings_and_labels(tiny_dataset, tiny
     registry = build_registry(extra_plugins=[("watching", types.SimpleNamespace(
         xmcbench_register_components=xmcbench_register_components,
         xmcbench_register_methods=xmcbench_register_methods))])
-    dataset = runner.open_dataset(registry, str(tiny_dataset))
+    dataset = open_dataset(registry, str(tiny_dataset))
     settings = [f"model_name={tiny_model_dir}", "validation_size=8", "max_train_docs=40"]
-    flat = runner.plan_run(registry, "watched", str(tiny_dataset), set_options=settings)
-    runner.check_components(registry, flat, dataset)
+    flat = plan_run(registry, "watched", str(tiny_dataset), set_options=settings)
+    check_components(registry, flat, dataset)
     assert [kind for kind, _, _ in seen] == ["recaller"]   # a flat run uses no ranker, so it is not asked
     config, info = seen[0][1:]
     assert config is flat.config
-    train_rows = runner.split_train_rows(dataset, config)[0]
+    train_rows = split_train_rows(dataset, config)[0]
     num_labels = dataset.num_labels
     assert len(train_rows) == 32 and info.names == tuple(dataset.label_names[:num_labels]) and info.texts is None
     assert info.counts.tolist() == np.asarray(dataset.train_labels[train_rows].sum(axis=0)).ravel()[:num_labels].tolist()
-    assert np.array_equal(info.inverse_propensities, runner.propensities(dataset, config).inverse[:num_labels])
+    assert np.array_equal(info.inverse_propensities, propensities(dataset, config).inverse[:num_labels])
 
     seen.clear()
-    runner.check_components(registry, runner.plan_run(registry, "watched", str(tiny_dataset),
+    check_components(registry, plan_run(registry, "watched", str(tiny_dataset),
                                                       set_options=settings + ["cluster_size=2"]), dataset)
     assert [kind for kind, _, _ in seen] == ["recaller", "ranker"]

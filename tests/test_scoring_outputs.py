@@ -14,7 +14,7 @@ from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
 from tests.test_whole_methods import votes_plugin
-from xmcbench import api, compare, ensemble, report, runner
+from xmcbench import api, compare, ensemble, report
 from xmcbench.cli import app
 from xmcbench.config import MethodSpec, TrainConfig, parse_ks, resolve_config
 from xmcbench.data import load_dataset_from_path
@@ -22,6 +22,11 @@ from xmcbench.errors import XmcError
 from xmcbench.metrics import propensity_scores
 from xmcbench.registry import build_registry
 from xmcbench.testing import write_tiny_dataset
+from xmcbench import saved as saved_models
+from xmcbench.runs import launch
+from xmcbench.runs.plan import plan_run
+from xmcbench.saved import rescore_run
+from xmcbench.scoring import evaluate_predictions, label_document_counts, propensities
 
 cli = CliRunner()
 PROPENSITY_METRICS = [f"{family}@{k}" for family in ("PSP", "PSnDCG", "PSR") for k in (1, 3, 5)]
@@ -38,9 +43,9 @@ def dataset_dir(tmp_path_factory):
 
 
 def run_votes(registry, dataset_dir, output, *options, seed=0):
-    plan = runner.plan_run(registry, "votes", str(dataset_dir), set_options=["validation_size=12", *options],
+    plan = plan_run(registry, "votes", str(dataset_dir), set_options=["validation_size=12", *options],
                            seed=seed)
-    return runner.run(plan, output, registry=registry, log=lambda line: None)
+    return launch.run(plan, output, registry=registry, log=lambda line: None)
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +78,14 @@ def test_eval_ks_parses_like_the_other_settings_and_raises_top_k():
 def test_result_keys_of_runs_saved_before_the_scoring_settings_stay_the_same(registry, dataset_dir):
     from xmcbench.storage import fingerprint
 
-    plan = runner.plan_run(registry, "votes", str(dataset_dir), set_options=["validation_size=12"])
+    plan = plan_run(registry, "votes", str(dataset_dir), set_options=["validation_size=12"])
     before = {key: value for key, value in plan.config.to_dict().items()
               if key not in ("eval_ks", "propensity_a", "propensity_b", "loggers", "tree_levels", "level_top",
                              "score_combiner", "ranker_weight", "zero_shot_labels")}
     assert compare.legacy_result_key(registry, plan, "v1") == fingerprint("votes", before, [{
         "name": "joint", "trains": ("encoder", "ranker_encoder", "recaller", "ranker"), "losses": ("recall", "rank"),
         "epochs_key": "epochs", "start": None}], "v1")
-    deeper = runner.plan_run(registry, "votes", str(dataset_dir), set_options=["validation_size=12", "eval_ks=1,10"])
+    deeper = plan_run(registry, "votes", str(dataset_dir), set_options=["validation_size=12", "eval_ks=1,10"])
     assert compare.legacy_result_key(registry, deeper, "v1") != compare.legacy_result_key(registry, plan, "v1")
 
 
@@ -92,10 +97,10 @@ def test_a_run_scores_at_its_eval_ks(registry, dataset_dir, tmp_path):
     assert load_file(str(run_dir / "predictions.safetensors"))["labels"].shape[1] == 20
     assert metrics["frequency_bins"]["k"] == 5   # the head/tail split stays at P@5
     # evaluate rescores at other cut-offs with --set, and refuses settings that are not about scoring
-    again = runner.evaluate_run(run_dir, registry=registry, set_options=["eval_ks=2,30"])
+    again = saved_models.evaluate(run_dir, registry=registry, set_options=["eval_ks=2,30"])
     assert "R@30" in again and "P@5" not in again
     with pytest.raises(XmcError, match="evaluate takes only the scoring settings"):
-        runner.evaluate_run(run_dir, registry=registry, set_options=["epochs=3"])
+        saved_models.evaluate(run_dir, registry=registry, set_options=["epochs=3"])
 
 
 # -- one propensity definition ------------------------------------------------------------------------
@@ -106,13 +111,13 @@ def test_run_evaluate_and_ensemble_use_one_propensity_definition(run_dirs, regis
     recorded = json.loads((run_dirs[0] / "metrics.json").read_text())
     assert recorded["propensity"]["train_documents"] == 60
     assert (recorded["propensity"]["a"], recorded["propensity"]["b"]) == (0.55, 1.5)
-    evaluated = runner.evaluate_run(run_dirs[0], registry=registry)
+    evaluated = saved_models.evaluate(run_dirs[0], registry=registry)
     for key in PROPENSITY_METRICS + ["P@5", "R@5"]:
         assert evaluated[key] == pytest.approx(recorded[key]), key
     assert evaluated["frequency_bins"] == recorded["frequency_bins"]
     dataset = load_dataset_from_path(dataset_dir)
-    counts = runner.label_document_counts(dataset.train_labels)
-    weights = runner.propensities(dataset)
+    counts = label_document_counts(dataset.train_labels)
+    weights = propensities(dataset)
     assert np.allclose(weights.inverse, 1.0 / propensity_scores(counts, 60, 0.55, 1.5))
     # an ensemble of a run with itself ranks like the run: the same metrics, whichever rows its members used
     other = ensemble.read_member(run_dirs[1])
@@ -128,8 +133,8 @@ def test_propensity_settings_override_the_datasets_a_and_b(registry, dataset_dir
     assert (recorded["a"], recorded["b"], recorded["train_documents"]) == (0.6, 2.6, 60)
     dataset = load_dataset_from_path(dataset_dir)
     config = TrainConfig(propensity_a=0.6, propensity_b=2.6)
-    assert np.allclose(runner.propensities(dataset, config).inverse, 1.0 / propensity_scores(
-        runner.label_document_counts(dataset.train_labels), 60, 0.6, 2.6))
+    assert np.allclose(propensities(dataset, config).inverse, 1.0 / propensity_scores(
+        label_document_counts(dataset.train_labels), 60, 0.6, 2.6))
 
 
 # -- predictions.npz and scoring predictions made elsewhere -----------------------------------------------
@@ -154,7 +159,7 @@ def test_runs_and_ensembles_write_predictions_npz(run_dirs, registry, tmp_path):
 def test_evaluate_predictions_scores_any_systems_matrix_like_a_run(run_dirs, dataset_dir, tmp_path):
     recorded = json.loads((run_dirs[0] / "metrics.json").read_text())
     # xmcbench's own file, its column names read from the file beside it
-    metrics, _, _ = runner.evaluate_predictions(run_dirs[0] / "predictions.npz", str(dataset_dir))
+    metrics, _, _ = evaluate_predictions(run_dirs[0] / "predictions.npz", str(dataset_dir))
     for key in ("P@1", "P@5", "nDCG@3", "R@5") + tuple(PROPENSITY_METRICS):
         assert metrics[key] == pytest.approx(recorded[key]), key
     # an outside system with its own column order, named by --labels (one name per line); its scores are the
@@ -171,11 +176,11 @@ def test_evaluate_predictions_scores_any_systems_matrix_like_a_run(run_dirs, dat
     external.mkdir()
     sp.save_npz(external / "scores.npz", matrix)
     (external / "names.txt").write_text("\n".join(names[i] for i in permutation) + "\n")
-    metrics, _, _ = runner.evaluate_predictions(external / "scores.npz", str(dataset_dir),
+    metrics, _, _ = evaluate_predictions(external / "scores.npz", str(dataset_dir),
                                                 labels_file=external / "names.txt")
     assert metrics["PSP@5"] == pytest.approx(recorded["PSP@5"]) and metrics["P@1"] == pytest.approx(recorded["P@1"])
     # without names, the columns are the dataset's label ids: the permuted matrix then scores differently
-    unnamed, _, _ = runner.evaluate_predictions(external / "scores.npz", str(dataset_dir))
+    unnamed, _, _ = evaluate_predictions(external / "scores.npz", str(dataset_dir))
     assert unnamed["P@1"] != pytest.approx(recorded["P@1"])
 
 
@@ -193,11 +198,11 @@ def test_evaluate_predictions_refuses_mismatched_shapes_in_one_line(dataset_dir,
         labels_file = tmp_path / "names.json"
         labels_file.write_text(json.dumps(names))
     with pytest.raises(XmcError) as error:
-        runner.evaluate_predictions(path, str(dataset_dir), labels_file=labels_file)
+        evaluate_predictions(path, str(dataset_dir), labels_file=labels_file)
     assert message in str(error.value) and "\n" not in str(error.value)
     (tmp_path / "not.npz").write_text("hello")
     with pytest.raises(XmcError, match="is not a sparse matrix saved with scipy.sparse.save_npz"):
-        runner.evaluate_predictions(tmp_path / "not.npz", str(dataset_dir))
+        evaluate_predictions(tmp_path / "not.npz", str(dataset_dir))
 
 
 def test_evaluate_command_puts_an_external_system_in_the_report(run_dirs, dataset_dir, tmp_path):
@@ -254,7 +259,7 @@ def test_rescore_scores_saved_predictions_again_without_the_model(registry, data
     shutil.rmtree(run_dir / "model" / "method")
     (run_dir / "predictions.npz").unlink()
 
-    rescored = runner.rescore_run(run_dir, registry=registry, log=lambda line: None)
+    rescored = rescore_run(run_dir, registry=registry, log=lambda line: None)
     assert json.loads((run_dir / "metrics.json").read_text()) == json.loads(json.dumps(rescored))
     for key in ("P@1", "PSP@5", "PSR@3", "nDCG@5"):
         assert rescored[key] == pytest.approx(written[key]), key

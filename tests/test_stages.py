@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from xmcbench import runner
 from xmcbench.config import Stage
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import LabelClusters
@@ -14,6 +13,11 @@ from xmcbench.modelio import build_model
 from xmcbench.training import Trainer
 from xmcbench.registry import build_registry
 from xmcbench.tokenization import tokenize
+from xmcbench.formats import open_dataset
+from xmcbench.indexing import label_clusters
+from xmcbench.inference import predict
+from xmcbench.rundir import write_results
+from xmcbench.runs.plan import plan_run
 
 pytestmark = pytest.mark.slow
 
@@ -27,10 +31,10 @@ def tiny_setup(registry, tiny_model_dir, method, tiny_dataset, **extra):
     settings = {"model_name": str(tiny_model_dir), "pretrained_weights": "false", "num_layers": 2, "epochs": 2,
                 "batch_size": 8, "max_length": 32, "hidden_size": 8, "cluster_size": 2, "top_clusters": 1,
                 "lr": 1e-3, "swa": "false", "threads": 1, **extra}
-    plan = runner.plan_run(registry, method, str(tiny_dataset), set_options=[f"{k}={v}" for k, v in settings.items()])
-    dataset = runner.open_dataset(registry, plan.dataset)
+    plan = plan_run(registry, method, str(tiny_dataset), set_options=[f"{k}={v}" for k, v in settings.items()])
+    dataset = open_dataset(registry, plan.dataset)
     rows = np.arange(len(dataset.train_texts))
-    clusters = runner.label_clusters(dataset, plan.config, rows)
+    clusters = label_clusters(dataset, plan.config, rows)
     torch.manual_seed(0)
     model = build_model(registry, plan.config, clusters)
     tokens = tokenize(dataset.train_texts, model.encoder.tokenizer, plan.config.max_length, None)
@@ -186,8 +190,8 @@ def test_a_static_method_counts_the_documents_of_every_stage_for_its_timings(reg
     trainer.fit()
     # recall (2 epochs), rank (2 epochs) and recall-refit (3 epochs), each over the 48 training documents
     assert trainer.documents_trained == (2 * 2 + 3) * 48
-    predictions = runner.predict(model, tokens, plan.config, torch.device("cpu"))
-    runner.write_results(tmp_path, dataset, {}, predictions, None, np.arange(0), 7.0, trainer.documents_trained,
+    predictions = predict(model, tokens, plan.config, torch.device("cpu"))
+    write_results(tmp_path, dataset, {}, predictions, None, np.arange(0), 7.0, trainer.documents_trained,
                          1.0, False, torch.device("cpu"))
     timings = json.loads((tmp_path / "timings.json").read_text())
     assert timings["documents_trained"] == 7 * 48

@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from xmcbench import inference, runner, training
+from xmcbench import inference, training
 from xmcbench.callbacks import TrainingCallback
 from xmcbench.config import STAGE_STARTS, Stage, TrainConfig
 from xmcbench.errors import XmcError
 from xmcbench.hookspecs import hookimpl
 from xmcbench.registry import build_registry
+from xmcbench.runs import launch
+from xmcbench.runs.plan import plan_run
 
 TINY = ["pretrained_weights=false", "num_layers=2", "hidden_size=8", "max_length=16", "threads=1",
         "batch_size=8", "epochs=2", "refit_epochs=1", "cluster_size=2", "top_clusters=2", "validation_size=8",
@@ -67,9 +69,9 @@ def recorder_plugin():
 
 
 def train(registry, method, output, tiny_model_dir, tiny_dataset, *settings):
-    plan = runner.plan_run(registry, method, str(tiny_dataset),
+    plan = plan_run(registry, method, str(tiny_dataset),
                            set_options=[f"model_name={tiny_model_dir}", *TINY, *settings])
-    return runner.run(plan, output, registry=registry, log=lambda line: None)
+    return launch.run(plan, output, registry=registry, log=lambda line: None)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +142,7 @@ def test_a_run_with_tensorboard_and_mlflow_leaves_readable_files(runs):
 
 def test_an_unknown_logger_is_refused_before_anything_runs(tiny_model_dir, tiny_dataset):
     with pytest.raises(XmcError, match="tensorbord.*did you mean 'tensorboard'"):
-        runner.plan_run(build_registry(), "lightxml", str(tiny_dataset),
+        plan_run(build_registry(), "lightxml", str(tiny_dataset),
                         set_options=[f"model_name={tiny_model_dir}", "loggers=tensorbord"])
 
 
@@ -173,9 +175,11 @@ def test_the_core_names_no_plugins_component_encoder_or_dataset():
     config = TrainConfig()
     assert (config.encoder, config.recaller, config.ranker, config.sampler, config.model_name) == ("",) * 5
     registry = build_registry()
-    source = inspect.getsource(runner)
+    from xmcbench.runs import component, plan as planning, splits, whole
+
+    source = "".join(inspect.getsource(module) for module in (planning, splits, component, whole, launch))
     assert not [name for name in registry.datasets if name in source]
-    assert runner.default_dataset(registry) == "debian-debtags-mini"   # marked by xmcbench's own datasets plugin
+    assert registry.default_dataset() == "debian-debtags-mini"   # marked by xmcbench's own datasets plugin
 
 
 def test_a_method_that_names_no_component_is_refused_in_one_line(tiny_dataset):
@@ -185,14 +189,14 @@ def test_a_method_that_names_no_component_is_refused_in_one_line(tiny_dataset):
         lambda registry: registry.add_method(MethodSpec("bare", "names no component"))))
     registry = build_registry(extra_plugins=[("bare", plugin)])
     with pytest.raises(XmcError, match="the method bare names no encoder: .*--set encoder=NAME"):
-        runner.plan_run(registry, "bare", str(tiny_dataset))
+        plan_run(registry, "bare", str(tiny_dataset))
 
 
 def test_without_a_marked_dataset_a_run_asks_for_one():
     registry = build_registry()
     registry.datasets = {name: entry for name, entry in registry.datasets.items() if not entry.value.is_default}
     with pytest.raises(XmcError, match="give --dataset NAME_OR_PATH"):
-        runner.default_dataset(registry)
+        registry.default_dataset()
 
 
 def test_config_does_not_import_the_registry():

@@ -1,4 +1,4 @@
-"""Whole methods (xmcbench.interfaces.WholeMethod): a toy one registered in-process runs through `runner.run`
+"""Whole methods (xmcbench.interfaces.WholeMethod): a toy one registered in-process runs through `launch.run`
 into the same run directory as a component method (same validation split, scoring, predictions, claim
 and --overwrite rules), its saved model serves `predict`, `evaluate`, `ensemble` and `report`, and the
 conformance check `check_whole_method` passes it and catches copies broken in each way it checks."""
@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors.numpy import load_file
 
-from xmcbench import ensemble, report, runner, whole_methods
+from xmcbench import ensemble, report, whole_methods
 from xmcbench.config import MethodSpec, TrainConfig
 from xmcbench.errors import XmcError
 from xmcbench.hookspecs import hookimpl
@@ -26,6 +27,15 @@ from xmcbench.registry import build_registry
 from xmcbench.rundir import RUN_MARKER
 from xmcbench.testing import check_whole_method, pickles_in
 from xmcbench.whole_methods import is_whole_method_model, load_model_dir
+from xmcbench import saved as saved_models
+from xmcbench.runs import launch
+from xmcbench.formats import open_dataset
+from xmcbench.inference import Predictions
+from xmcbench.rundir import peak_memory_mb, PEAK_RSS_RESET, VALIDATION_PREDICTIONS_FILE
+from xmcbench.runs.plan import plan_resume, plan_run
+from xmcbench.runs.splits import split_train_rows
+from xmcbench.saved import predict_texts
+from xmcbench.scoring import propensities, score
 
 
 class WordVotes(WholeMethod):
@@ -197,24 +207,24 @@ def dataset_dir(tmp_path_factory) -> Path:
 
 
 def plan(registry, dataset_dir, *options, seed=0):
-    return runner.plan_run(registry, "votes", str(dataset_dir), set_options=["validation_size=12", *options],
+    return plan_run(registry, "votes", str(dataset_dir), set_options=["validation_size=12", *options],
                            seed=seed)
 
 
 @pytest.fixture(scope="module")
 def run_dirs(registry, dataset_dir, tmp_path_factory) -> list[Path]:
     folder = tmp_path_factory.mktemp("runs")
-    return [runner.run(plan(registry, dataset_dir, seed=seed), folder / f"seed{seed}", registry=registry,
+    return [launch.run(plan(registry, dataset_dir, seed=seed), folder / f"seed{seed}", registry=registry,
                        log=lambda line: None) for seed in (0, 1)]
 
 
-@pytest.mark.skipif(not runner.PEAK_RSS_RESET.exists(), reason="restarting the peak needs Linux's clear_refs")
+@pytest.mark.skipif(not PEAK_RSS_RESET.exists(), reason="restarting the peak needs Linux's clear_refs")
 def test_a_run_reports_its_own_memory_peak_not_the_process_lifetime(registry, dataset_dir, tmp_path):
     # as in `compare`: something before the run (here 400 MB, freed again) peaked far above what the run needs
     block = np.ones(400 * 2**20 // 8)
-    earlier_peak = runner.peak_memory_mb(runner.torch.device("cpu"))["peak_rss_mb"]
+    earlier_peak = peak_memory_mb(torch.device("cpu"))["peak_rss_mb"]
     del block
-    run_dir = runner.run(plan(registry, dataset_dir), tmp_path / "run", registry=registry, log=lambda line: None)
+    run_dir = launch.run(plan(registry, dataset_dir), tmp_path / "run", registry=registry, log=lambda line: None)
     peak = json.loads((run_dir / "timings.json").read_text())["peak_rss_mb"]
     assert 0 < peak < earlier_peak - 300
 
@@ -239,17 +249,17 @@ def test_a_run_writes_the_run_directory_of_any_method(run_dirs, registry, datase
 def test_metrics_and_predictions_come_from_the_shared_code(run_dirs, registry, dataset_dir):
     run_dir = run_dirs[0]
     the_plan = plan(registry, dataset_dir)
-    dataset = runner.open_dataset(registry, str(dataset_dir))
-    train_rows, validation_rows = runner.split_train_rows(dataset, the_plan.config)
+    dataset = open_dataset(registry, str(dataset_dir))
+    train_rows, validation_rows = split_train_rows(dataset, the_plan.config)
     model, _, _ = load_model_dir(run_dir, registry)
     saved = load_file(str(run_dir / "predictions.safetensors"))
     assert saved["labels"].dtype == np.int64 and saved["scores"].dtype == np.float32
     assert saved["labels"].shape == (20, the_plan.config.top_k)
-    expected = runner.score(runner.Predictions(saved["labels"], saved["scores"], None), dataset.test_labels, None,
-                            runner.propensities(dataset, the_plan.config), the_plan.config.eval_ks)
+    expected = score(Predictions(saved["labels"], saved["scores"], None), dataset.test_labels, None,
+                            propensities(dataset, the_plan.config), the_plan.config.eval_ks)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert all(metrics[key] == pytest.approx(value) for key, value in expected.items() if isinstance(value, float))
-    validation = load_file(str(run_dir / runner.VALIDATION_PREDICTIONS_FILE))
+    validation = load_file(str(run_dir / VALIDATION_PREDICTIONS_FILE))
     # the rows of a component method's run with the same seed and validation_size
     assert np.array_equal(validation["rows"], validation_rows) and validation["rows"].dtype == np.int64
     labels, scores = model.predict([dataset.train_texts[i] for i in validation_rows], the_plan.config.top_k)
@@ -257,24 +267,24 @@ def test_metrics_and_predictions_come_from_the_shared_code(run_dirs, registry, d
 
 
 def test_predict_evaluate_ensemble_and_report_read_the_saved_model(run_dirs, registry, dataset_dir, tmp_path):
-    found = runner.predict_texts(run_dirs[0], ["python interpreter module", ""], top_k=3, registry=registry)
+    found = predict_texts(run_dirs[0], ["python interpreter module", ""], top_k=3, registry=registry)
     assert found[0]["labels"][0] == "lang:python" and found[1] == {"labels": [], "scores": []}
-    metrics = runner.evaluate_run(run_dirs[0], registry=registry)
+    metrics = saved_models.evaluate(run_dirs[0], registry=registry)
     assert metrics["P@1"] == json.loads((run_dirs[0] / "metrics.json").read_text())["P@1"]
     built = ensemble.build_ensemble(run_dirs, tmp_path / "ensemble", registry=registry, log=lambda line: None)
-    assert ensemble.evaluate_ensemble(built, registry=registry)["P@1"] == \
+    assert saved_models.evaluate(built, registry=registry)["P@1"] == \
         json.loads((built / "metrics.json").read_text())["P@1"]
-    assert ensemble.predict_texts(built, ["python interpreter"], top_k=2, registry=registry)[0]["labels"]
+    assert saved_models.predict_texts(built, ["python interpreter"], top_k=2, registry=registry)[0]["labels"]
     runs = report.load_runs(run_dirs)
     assert [run.method for run in runs] == ["votes", "votes"] and all(run.values()["model_mb"] > 0 for run in runs)
 
 
 def test_overwrite_rules_are_those_of_every_run(run_dirs, registry, dataset_dir):
     with pytest.raises(XmcError, match="already holds a finished run"):
-        runner.run(plan(registry, dataset_dir), run_dirs[1], registry=registry, log=lambda line: None)
+        launch.run(plan(registry, dataset_dir), run_dirs[1], registry=registry, log=lambda line: None)
     copy = run_dirs[1].parent / "copy"
     shutil.copytree(run_dirs[1], copy)
-    assert runner.run(plan(registry, dataset_dir, seed=1), copy, overwrite=True, registry=registry,
+    assert launch.run(plan(registry, dataset_dir, seed=1), copy, overwrite=True, registry=registry,
                       log=lambda line: None) == copy
     assert (copy / "metrics.json").is_file() and not list(copy.parent.glob(".copy.*"))
 
@@ -286,7 +296,7 @@ def test_a_damaged_or_unknown_model_ends_in_one_line(run_dirs, registry, tmp_pat
         load_model_dir(copy, build_registry(load_entry_points=False))
     (copy / "model" / "method" / "votes.json").write_text("{}")
     with pytest.raises(XmcError, match="votes.json is truncated"):
-        runner.predict_texts(copy, ["python"], registry=registry)
+        predict_texts(copy, ["python"], registry=registry)
 
 
 def test_a_refusal_leaves_the_output_folder_untouched(registry, dataset_dir, tmp_path):
@@ -298,7 +308,7 @@ def test_a_refusal_leaves_the_output_folder_untouched(registry, dataset_dir, tmp
     refusing = build_registry(extra_plugins=[("refusing", votes_plugin(Refusing, "refusing"))],
                               load_entry_points=False)
     with pytest.raises(XmcError, match="refused"):
-        runner.run(runner.plan_run(refusing, "refusing", str(dataset_dir)), tmp_path / "out", registry=refusing)
+        launch.run(plan_run(refusing, "refusing", str(dataset_dir)), tmp_path / "out", registry=refusing)
     assert not (tmp_path / "out").exists()
 
 
@@ -308,7 +318,7 @@ def test_resume_of_a_method_without_checkpoints_is_refused_in_one_line(run_dirs,
     (copy / "metrics.json").unlink()
     before = sorted(path.name for path in copy.iterdir())
     with pytest.raises(XmcError, match="votes keeps no checkpoint while it fits, so --resume cannot continue it"):
-        runner.run(runner.plan_resume(copy), copy, registry=registry, log=lambda line: None, resume=True)
+        launch.run(plan_resume(copy), copy, registry=registry, log=lambda line: None, resume=True)
     assert sorted(path.name for path in copy.iterdir()) == before, "nothing refitted, nothing written"
 
 
@@ -342,23 +352,23 @@ class CheckpointedVotes(WordVotes):
 def test_a_method_that_keeps_checkpoints_resumes_where_it_stopped(registry, dataset_dir, tmp_path):
     methods = build_registry(extra_plugins=[("checkpointed", votes_plugin(CheckpointedVotes, "checkpointed"))],
                              load_entry_points=False)
-    the_plan = runner.plan_run(methods, "checkpointed", str(dataset_dir), set_options=["validation_size=12"])
-    reference = runner.run(the_plan, tmp_path / "reference", registry=methods, log=lambda line: None)
+    the_plan = plan_run(methods, "checkpointed", str(dataset_dir), set_options=["validation_size=12"])
+    reference = launch.run(the_plan, tmp_path / "reference", registry=methods, log=lambda line: None)
     CheckpointedVotes.stop_after_half = True
     with pytest.raises(KeyboardInterrupt):
-        runner.run(the_plan, tmp_path / "run", registry=methods, log=lambda line: None)
+        launch.run(the_plan, tmp_path / "run", registry=methods, log=lambda line: None)
     CheckpointedVotes.stop_after_half = False
     lines = []
-    resumed = runner.run(runner.plan_resume(tmp_path / "run"), tmp_path / "run", registry=methods, log=lines.append,
+    resumed = launch.run(plan_resume(tmp_path / "run"), tmp_path / "run", registry=methods, log=lines.append,
                          resume=True)
     assert "continuing from the first half" in lines
     assert json.loads((resumed / "metrics.json").read_text()) == json.loads((reference / "metrics.json").read_text())
     assert not (resumed / "checkpoints").exists(), "removed once finished (keep_checkpoint=false)"
     info = CheckpointedVotes.seen_label_info
-    dataset = runner.open_dataset(methods, str(dataset_dir))
+    dataset = open_dataset(methods, str(dataset_dir))
     assert info.names == tuple(dataset.label_names[:dataset.num_labels]) and info.texts is None
     assert int(info.counts.sum()) == int(dataset.train_labels[:, :dataset.num_labels].sum()) - \
-        int(dataset.train_labels[runner.split_train_rows(dataset, the_plan.config)[1]][:, :dataset.num_labels].sum())
+        int(dataset.train_labels[split_train_rows(dataset, the_plan.config)[1]][:, :dataset.num_labels].sum())
     assert (resumed / "model" / "label_info.json").is_file()
 
 
@@ -380,5 +390,5 @@ def test_a_whole_method_records_the_device_it_computed_on(run_dirs, registry, da
     assert str(whole_methods.method_device("gpu-first", GpuFirst, TrainConfig())) == "cpu"
     gpu_only = build_registry(extra_plugins=[("gpu", votes_plugin(GpuOnly, "gpu-only"))], load_entry_points=False)
     with pytest.raises(XmcError, match="gpu-only computes on cuda only, and this machine has none of them"):
-        runner.run(runner.plan_run(gpu_only, "gpu-only", str(dataset_dir)), tmp_path / "gpu", registry=gpu_only)
+        launch.run(plan_run(gpu_only, "gpu-only", str(dataset_dir)), tmp_path / "gpu", registry=gpu_only)
     assert not (tmp_path / "gpu").exists(), "refused before the output folder was touched"

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from xmcbench import runner
 from xmcbench.config import MethodSpec, TrainConfig
 from xmcbench.errors import XmcError
 from xmcbench.hookspecs import hookimpl
@@ -21,6 +20,13 @@ from xmcbench.interfaces import WholeMethod
 from xmcbench.metrics import evaluate
 from xmcbench.registry import build_registry
 from xmcbench.testing import write_tiny_dataset, write_tiny_label_texts
+from xmcbench import saved as saved_models
+from xmcbench.runs import launch
+from xmcbench.formats import open_dataset
+from xmcbench.runs.plan import plan_run
+from xmcbench.runs.splits import training_view
+from xmcbench.saved import predict_texts, rescore_run
+from xmcbench.scoring import zero_shot_mask
 
 
 def test_zero_shot_figures_by_hand():
@@ -34,17 +40,17 @@ def test_zero_shot_figures_by_hand():
                                      "P@3": 100 * (1 / 3 + 0 + 1 / 3) / 3, "R@1": 100 * (1 + 0 + 0.5) / 3,
                                      "R@3": 100 * (1 + 0 + 0.5) / 3})
     assert "zero_shot" not in evaluate(predicted, truth, ks=(1,), zero_shot=np.zeros(4, dtype=bool))
-    assert runner.zero_shot_mask(np.array([3, 0, 1]), 3, 5).tolist() == [False, True, False, True, True]
-    assert runner.zero_shot_mask(None, 3, 5).tolist() == [False, False, False, True, True]
+    assert zero_shot_mask(np.array([3, 0, 1]), 3, 5).tolist() == [False, True, False, True, True]
+    assert zero_shot_mask(None, 3, 5).tolist() == [False, False, False, True, True]
 
 
 def test_the_split_is_seeded_and_holds_labels_out_of_training_only(tmp_path):
     registry = build_registry()
-    dataset = runner.open_dataset(registry, str(write_tiny_dataset(tmp_path / "data", train=60, test=30)))
+    dataset = open_dataset(registry, str(write_tiny_dataset(tmp_path / "data", train=60, test=30)))
     spec = MethodSpec("m", "")
-    view, held_out = runner.training_view(dataset, TrainConfig(zero_shot_labels=0.25, seed=3), spec, log=lambda l: None)
-    again, same = runner.training_view(dataset, TrainConfig(zero_shot_labels=0.25, seed=3), spec, log=lambda l: None)
-    other, different = runner.training_view(dataset, TrainConfig(zero_shot_labels=0.25, seed=4), spec,
+    view, held_out = training_view(dataset, TrainConfig(zero_shot_labels=0.25, seed=3), spec, log=lambda l: None)
+    again, same = training_view(dataset, TrainConfig(zero_shot_labels=0.25, seed=3), spec, log=lambda l: None)
+    other, different = training_view(dataset, TrainConfig(zero_shot_labels=0.25, seed=4), spec,
                                             log=lambda l: None)
     assert len(held_out) == 2 and held_out == same and held_out != different   # a quarter of the 8 labels
     columns = [dataset.label_names.index(name) for name in held_out]
@@ -97,12 +103,12 @@ def first_labels_plugin(scores_unseen: bool) -> types.ModuleType:
 def test_a_run_reports_zero_shot_figures_of_its_held_out_labels(tmp_path):
     registry = build_registry([("first-labels", first_labels_plugin(False))])
     data = write_tiny_dataset(tmp_path / "data", train=60, test=30)
-    plan = runner.plan_run(registry, "first-labels", str(data), set_options=["zero_shot_labels=0.25",
+    plan = plan_run(registry, "first-labels", str(data), set_options=["zero_shot_labels=0.25",
                                                                              "validation_size=0"], seed=0)
-    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    run_dir = launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     held_out = json.loads((run_dir / "config.json").read_text())["resolved"]["zero_shot_labels"]
     figures = json.loads((run_dir / "metrics.json").read_text())["zero_shot"]
-    dataset = runner.open_dataset(registry, str(data))
+    dataset = open_dataset(registry, str(data))
     columns = [dataset.label_names.index(name) for name in held_out]
     test = dataset.test_labels[:, columns]
     documents = np.flatnonzero(np.diff(test.tocsr().indptr) > 0)
@@ -116,8 +122,8 @@ def test_a_run_reports_zero_shot_figures_of_its_held_out_labels(tmp_path):
     assert figures["R@5"] == pytest.approx(100 * np.mean(hits / positives))
     info = json.loads((run_dir / "model" / "label_info.json").read_text())
     assert all(info["counts"][column] == 0 for column in columns), "held out of the run's training rows"
-    assert runner.evaluate_run(run_dir, registry=registry)["zero_shot"] == figures
-    assert runner.rescore_run(run_dir, registry=registry, log=lambda line: None)["zero_shot"] == figures
+    assert saved_models.evaluate(run_dir, registry=registry)["zero_shot"] == figures
+    assert rescore_run(run_dir, registry=registry, log=lambda line: None)["zero_shot"] == figures
 
 
 def test_a_method_that_scores_unseen_labels_has_them_in_its_vocabulary(tmp_path):
@@ -130,13 +136,13 @@ def test_a_method_that_scores_unseen_labels_has_them_in_its_vocabulary(tmp_path)
         table.write("db:nosql\tdocument store key value database without sql\n")
     for scores_unseen, expected in ((False, 8), (True, 9)):
         registry = build_registry([("first-labels", first_labels_plugin(scores_unseen))])
-        plan = runner.plan_run(registry, "first-labels", str(data), set_options=["validation_size=0"], seed=0)
-        run_dir = runner.run(plan, tmp_path / f"run-{scores_unseen}", registry=registry, log=lambda line: None)
+        plan = plan_run(registry, "first-labels", str(data), set_options=["validation_size=0"], seed=0)
+        run_dir = launch.run(plan, tmp_path / f"run-{scores_unseen}", registry=registry, log=lambda line: None)
         names = json.loads((run_dir / "model" / "labels.json").read_text())
         assert len(names) == expected and ("db:nosql" in names) == scores_unseen
         metrics = json.loads((run_dir / "metrics.json").read_text())
         assert metrics["zero_shot"]["labels"] == 1, "the test-only label counts as zero-shot either way"
-        found = runner.predict_texts(run_dir, ["any text"], top_k=9, registry=registry)[0]["labels"]
+        found = predict_texts(run_dir, ["any text"], top_k=9, registry=registry)[0]["labels"]
         assert ("db:nosql" in found) == scores_unseen, "predict serves a label no training document carries"
 
 
@@ -164,8 +170,8 @@ def test_a_weighted_hybrid_of_nested_vocabularies(tmp_path):
     runs = []
     for scores_unseen in (False, True):
         registry = build_registry([("first-labels", first_labels_plugin(scores_unseen))])
-        plan = runner.plan_run(registry, "first-labels", str(data), set_options=["validation_size=12"], seed=0)
-        runs.append(runner.run(plan, tmp_path / f"run-{scores_unseen}", registry=registry, log=lambda line: None))
+        plan = plan_run(registry, "first-labels", str(data), set_options=["validation_size=12"], seed=0)
+        runs.append(launch.run(plan, tmp_path / f"run-{scores_unseen}", registry=registry, log=lambda line: None))
     built = ensemble.build_ensemble(runs, tmp_path / "hybrid", fusion="weighted", registry=registry,
                                     log=lambda line: None)
     names = json.loads((built / "predictions_labels.json").read_text())

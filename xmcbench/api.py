@@ -6,7 +6,7 @@
     predictor.predict(["python bindings for gtk"], top_k=5)
     xmcbench.evaluate(predictor, "debian-debtags-mini")
 
-Every function reuses what the commands do (xmcbench.runner, xmcbench.ensemble); docs/api.md describes them.
+Every function reuses what the commands do (xmcbench.runs, xmcbench.saved); docs/api.md describes them.
 
 `data`, wherever a function takes it, is one of:
   - a registered dataset name ("debian-debtags-mini"), or a folder or file path in any format `xmcbench formats`
@@ -17,25 +17,25 @@ Every function reuses what the commands do (xmcbench.runner, xmcbench.ensemble);
 
 from __future__ import annotations
 
-import copy
 import datetime
 import math
 import numbers
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
-
-from xmcbench import ensemble as ensembles
-from xmcbench import runner
-from xmcbench.config import TrainConfig, check_top_k
-from xmcbench.data import Dataset
+from xmcbench import saved
+from xmcbench.data import IN_MEMORY, Dataset
 from xmcbench.distributed import is_main_process
 from xmcbench.errors import XmcError
-from xmcbench.formats import FormatOptions, dataset_from_rows
+from xmcbench.formats import FormatOptions, dataset_from_rows, open_dataset
 from xmcbench.registry import Registry, build_registry
+from xmcbench.rundir import FINISHED_MARKER, is_finished
+from xmcbench.runs import launch
+from xmcbench.runs.plan import Plan, plan_resume, plan_run
+from xmcbench.saved import SavedModel
+from xmcbench.scoring import evaluate_predictions as score_matrix, write_external_run
 from xmcbench.storage import fingerprint, read_json
 
 IN_MEMORY_KEYS = ("train_texts", "train_labels", "test_texts", "test_labels")
@@ -111,7 +111,7 @@ def in_memory_dataset(data: Any) -> Dataset | None:
             raise XmcError(f"{split}_labels has {len(rows)} rows for {len(texts)} {split}_texts; give one list of "
                            "label names per text")
     version = fingerprint(train_texts, train_rows, test_texts, test_rows)
-    return dataset_from_rows(f"{runner.IN_MEMORY}{version}", version, train_texts, train_rows, test_texts, test_rows,
+    return dataset_from_rows(f"{IN_MEMORY}{version}", version, train_texts, train_rows, test_texts, test_rows,
                              "the data given in memory")
 
 
@@ -131,7 +131,7 @@ def open_data(data: Any, registry: Registry, reading: FormatOptions | dict | Non
     memory = in_memory_dataset(data)
     if memory is not None:
         return memory
-    return runner.open_dataset(registry, _name(data), _path(data_dir), _reading(reading))
+    return open_dataset(registry, _name(data), _path(data_dir), _reading(reading))
 
 
 def _path(value: str | os.PathLike | None) -> Path | None:
@@ -162,71 +162,25 @@ def _set_options(settings: dict[str, Any]) -> list[str]:
 # -- a saved model ----------------------------------------------------------------------------------
 
 class Predictor:
-    """A saved run's model (or an ensemble's member models), read once by `load`; predict and evaluate reuse it.
+    """A saved run's model (or an ensemble's member models), read once by `load`; predict and evaluate reuse it
+    (xmcbench.saved.SavedModel). label_names: (L,) the model's label vocabulary (for an ensemble, the members'
+    shared one)."""
 
-    label_names: (L,) the model's label vocabulary (for an ensemble, the members' shared one)."""
-
-    def __init__(self, path: Path, models: list[tuple[Any, Any]], label_names: list[str],
-                 ensemble: ensembles.Ensemble | None, registry: Registry) -> None:
-        self.path = Path(path)
-        self.label_names = label_names
-        self._models = models          # [(model, TrainConfig)], one per member (one for a run)
-        self._ensemble = ensemble
-        self._registry = registry
+    def __init__(self, saved: SavedModel) -> None:
+        self.saved = saved
+        self.path = saved.path
+        self.label_names = saved.label_names
 
     def __repr__(self) -> str:
-        kind = f"ensemble of {len(self._models)}" if self._ensemble else "run"
+        kind = f"ensemble of {len(self.saved.models)}" if self.saved.ensemble else "run"
         return f"Predictor({str(self.path)!r}, {kind}, {len(self.label_names)} labels)"
-
-    def _top(self, documents: Callable[[Any], Any], width: int, texts_key: str | None,
-             description: str) -> tuple[np.ndarray, np.ndarray]:
-        """(N, width) label ids and scores: the model's, or the members' fused (ensemble.fuse)."""
-        found = []
-        for index, (model, config) in enumerate(self._models):
-            config = copy.copy(config)
-            config.top_k = width
-            names = (description, "tokenizing")
-            if self._ensemble is not None:   # the progress lines name the member they are about
-                member = self._ensemble.members[index].path.name
-                names = (f"{description} ({member})", f"tokenizing ({member})")
-            found.append(runner.predict_saved_model(model, documents(model), texts_key, config,
-                                                    description=names[0], tokenizing=names[1]))
-        if self._ensemble is None:
-            return found[0].labels, found[0].scores
-        return ensembles.fuse([p.labels for p in found], [p.scores for p in found], width, self._ensemble.fusion,
-                              self._ensemble.sizes)
 
     def predict(self, texts: Sequence[str], top_k: int = 10, threshold: float | None = None) -> list[dict]:
         """texts: (N,) str. Returns N dicts {"labels": [name, ...], "scores": [float, ...]}, best first, at most
         top_k each (fewer when threshold drops the labels scoring below it) — what `xmcbench predict` writes."""
         texts = _text_list(texts, "texts")
-        check_top_k(top_k)
         _check_threshold(threshold)
-        width = top_k if self._ensemble is None else max(top_k, self._ensemble.top_k)
-        labels, scores = self._top(lambda model: texts, width, None, "predicting")
-        names = self.label_names
-        results = [{"labels": [names[i] for i in row[:top_k] if i >= 0],
-                    "scores": [round(float(s), 6) for i, s in zip(row[:top_k], values[:top_k]) if i >= 0]}
-                   for row, values in zip(labels, scores)]
-        return [runner.keep_scores_at_least(result, threshold) for result in results]
-
-    def recorded_data(self) -> tuple[str, FormatOptions]:
-        """The dataset the run (or the ensemble's members) was trained on, and how it was read."""
-        recorded = self.path / "config.json"
-        if self._ensemble is not None:
-            first = self._ensemble.members[0].config
-            saved = read_json(recorded, "the ensemble's configuration") if recorded.is_file() else None
-            name = saved.get("dataset") if isinstance(saved, dict) else None
-            name = name if isinstance(name, str) else first.get("dataset")
-            if not isinstance(name, str):
-                raise XmcError(f"{self.path} does not say which dataset it was built on; pass the dataset to score "
-                               "on (data=, or --dataset)")
-            return name, runner.reading_of(first)
-        if not recorded.is_file():
-            raise XmcError(f"{self.path} does not say which dataset it was trained on; pass the dataset to score on "
-                           "(data=, or --dataset)")
-        saved = read_json(recorded)
-        return saved["dataset"], runner.reading_of(saved)
+        return self.saved.predict(texts, top_k, threshold)
 
     def evaluate(self, data: Any = None, reading: FormatOptions | dict | None = None, *,
                  data_dir: str | os.PathLike | None = None, set_options: Sequence[str] = (),
@@ -235,64 +189,22 @@ class Predictor:
         split of `data` (see the module docstring); None: the dataset it was trained on, read as it was read
         (or with `reading`, when given). settings, set_options: scoring settings over the run's (eval_ks,
         propensity_a, propensity_b), as keywords or as `--set` strings "key=value"."""
-        scoring = list(set_options) + _set_options(settings)
         reading = _reading(reading)
-        if self._ensemble is None:
-            # the settings are checked before any data is read
-            config = runner.evaluation_config(copy.copy(self._models[0][1]), scoring)
-        else:
-            config = ensembles.scoring_config(self._ensemble.members, scoring)
-            if max(config.eval_ks) > self._ensemble.top_k:
-                raise XmcError(f"the ensemble keeps its top {self._ensemble.top_k} labels, fewer than eval_ks asks "
-                               f"for (@{max(config.eval_ks)}); build it again with a larger top_k (`xmcbench "
-                               f"ensemble ... --top-k {max(config.eval_ks)}`)")
+        config = self.saved.scoring_config(list(set_options) + _set_options(settings))   # before any data is read
         if data is None:
-            name, recorded_reading = self.recorded_data()
-            dataset = runner.open_dataset(self._registry, name, _path(data_dir),
-                                          reading if reading != FormatOptions() else recorded_reading)
+            name, recorded_reading = self.saved.recorded_data()
+            dataset = open_dataset(self.saved.registry, name, _path(data_dir),
+                                   reading if reading != FormatOptions() else recorded_reading)
         else:
-            dataset = open_data(data, self._registry, reading, data_dir)
-        key = f"{dataset.version}/test"
-        if self._ensemble is None:
-            model = self._models[0][0]
-            truth = runner.remap_labels(dataset.test_labels, dataset.label_names, self.label_names)
-            documents = runner.test_documents(model, dataset, self._registry)
-            found = runner.predict_saved_model(model, documents, key, config,
-                                               description="predicting test", tokenizing="tokenizing test")
-            return runner.score(found, truth, model, runner.propensities(dataset, config, self.label_names),
-                                config.eval_ks, filtered=runner.filtered_pairs(dataset, "test", self.label_names),
-                                zero_shot=runner.saved_zero_shot_mask(self.path, self.label_names, truth.shape[1]))
-        labels, _ = self._top(lambda model: runner.test_documents(model, dataset, self._registry),
-                              self._ensemble.top_k, key, "predicting test")
-        return ensembles._score(labels, dataset, self._ensemble.members, scoring)
+            dataset = open_data(data, self.saved.registry, reading, data_dir)
+        return self.saved.evaluate(dataset, config)
 
 
 def load(path: str | os.PathLike, registry: Registry | None = None, threads: int | None = None) -> Predictor:
     """The model of a run directory (or its model/ folder), or the member models of an ensemble directory,
-    read once (runner.load_saved_model per model) into a Predictor. threads: torch CPU threads of its
-    predictions (None: the ones each model trained with)."""
-    path = Path(path)
-    registry = registry or build_registry()
-    if threads is not None and threads < 1:
-        raise XmcError(f"threads={threads}: give 1 or more torch CPU threads")
-    if ensembles.is_ensemble(path):
-        found = ensembles.read_ensemble(path)
-        models = []
-        for member in found.members:
-            model, config, names = runner.load_saved_model(member.path, registry)
-            if names != member.label_names:
-                raise XmcError(f"ensemble member {member.path} has another label vocabulary than the ensemble; "
-                               "rebuild the ensemble with `xmcbench ensemble`")
-            models.append((model, _with_threads(config, threads)))
-        return Predictor(path, models, found.label_names, found, registry)
-    if not path.exists():
-        raise XmcError(f"{path} does not exist; pass a run directory or an ensemble directory")
-    model, config, names = runner.load_saved_model(path, registry)
-    return Predictor(path, [(model, _with_threads(config, threads))], names, None, registry)
-
-
-def _with_threads(config: TrainConfig, threads: int | None) -> TrainConfig:
-    return config if threads is None else replace(config, threads=threads)
+    read once (xmcbench.saved.load) into a Predictor. threads: torch CPU threads of its predictions (None:
+    the ones each model trained with)."""
+    return Predictor(saved.load(Path(path), registry or build_registry(), threads))
 
 
 # -- a run ------------------------------------------------------------------------------------------
@@ -311,9 +223,9 @@ class Run:
     @classmethod
     def open(cls, path: str | os.PathLike) -> "Run":
         path = Path(path)
-        if not runner.is_finished(path):
+        if not is_finished(path):
             raise XmcError(f"{path} holds no finished run (metrics.json is missing)")
-        return cls(path, read_json(path / runner.FINISHED_MARKER), read_json(path / "config.json"))
+        return cls(path, read_json(path / FINISHED_MARKER), read_json(path / "config.json"))
 
     def predictor(self) -> Predictor:
         """The run's model, read on the first call and kept (see `load`)."""
@@ -330,38 +242,29 @@ class Run:
 def _plan(registry: Registry, method: str | None, data: Any, seed: int | None,
           config_file: str | os.PathLike | None, data_dir: str | os.PathLike | None,
           reading: FormatOptions | dict | None, set_options: Sequence[str],
-          settings: dict[str, Any]) -> tuple[runner.Plan, Dataset | None]:
-    """The resolved plan of a new run (runner.plan_run), and the dataset when `data` is held in memory."""
+          settings: dict[str, Any]) -> tuple[Plan, Dataset | None]:
+    """The resolved plan of a new run (runs.plan.plan_run), and the dataset when `data` is held in memory."""
     if method is None:
         raise XmcError("name a method (e.g. \"lightxml\"), or pass resume=RUN_DIR to continue a run")
     reading = _reading(reading)
     options = list(set_options) + _set_options(settings)
     memory = in_memory_dataset(data)
-    if memory is not None:
-        if reading != FormatOptions():
-            raise XmcError("reading options read a file or folder; data given in memory takes none")
-        name, loaded = memory.name, memory
-    else:
-        name = _name(data) if data is not None else None   # None: the default dataset (runner.plan_run)
-        registry.method(method)   # an unknown method fails before any data is read
-        loaded = None
-        if reading != FormatOptions():   # read with those options; their values are part of the dataset's version
-            loaded = runner.open_dataset(registry, name or runner.default_dataset(registry), _path(data_dir),
-                                         reading)
-    plan = runner.plan_run(registry, method, name, _path(config_file), options, seed, _path(data_dir), loaded=loaded)
-    plan.loaded = plan.loaded or loaded
-    plan.reading = reading   # config.json records it, so resume, evaluate and rescore read the path alike
+    if memory is not None and reading != FormatOptions():
+        raise XmcError("reading options read a file or folder; data given in memory takes none")
+    name = memory.name if memory is not None else _name(data) if data is not None else None   # None: the default
+    plan = plan_run(registry, method, name, _path(config_file), options, seed, _path(data_dir), loaded=memory,
+                    reading=reading)
     return plan, memory
 
 
-def _resumed_plan(resume: str | os.PathLike, given: dict[str, bool]) -> runner.Plan:
+def _resumed_plan(resume: str | os.PathLike, given: dict[str, bool]) -> Plan:
     """The plan recorded in the unfinished run directory `resume`; given: which arguments that would change the
     run were passed (a resumed run takes none)."""
     passed = [name for name, was_given in given.items() if was_given]
     if passed:
         raise XmcError(f"resume takes only the run directory, not {passed[0]}: the run's settings are in its "
                        "config.json")
-    return runner.plan_resume(Path(resume))
+    return plan_resume(Path(resume))
 
 
 def _given(method: str | None, data: Any, seed: int | None, reading: FormatOptions | dict | None,
@@ -371,7 +274,7 @@ def _given(method: str | None, data: Any, seed: int | None, reading: FormatOptio
             "set_options": bool(set_options), "settings": bool(settings)}
 
 
-def describe_plan(plan: runner.Plan) -> dict:
+def describe_plan(plan: Plan) -> dict:
     """What `xmcbench config` and `run --print-config` print of a plan."""
     return {"method": plan.method, "dataset": plan.dataset, **plan.config.to_dict(), **plan.describe()}
 
@@ -427,7 +330,7 @@ def train(method: str | None = None, data: Any = None, *, output: str | os.PathL
         if memory is not None and output is None:
             stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
             output = Path("runs") / f"{method}-in-memory-{memory.version[:8]}-{stamp}"
-    path = runner.run(plan, _path(output), _path(data_dir), overwrite, registry, log=log, resume=resume is not None)
+    path = launch.run(plan, _path(output), _path(data_dir), overwrite, registry, log=log, resume=resume is not None)
     if not is_main_process():
         return Run(path, {}, {})
     finished = Run.open(path)
@@ -452,7 +355,7 @@ def evaluate_predictions(predictions: str | os.PathLike, data: str | os.PathLike
                          name: str | None = None, registry: Registry | None = None, set_options: Sequence[str] = (),
                          **settings: Any) -> dict:
     """Metrics of a score matrix that any system wrote, scored on the test split of `data` (a dataset name or
-    path) exactly as xmcbench scores its runs (runner.evaluate_predictions).
+    path) exactly as xmcbench scores its runs (scoring.evaluate_predictions).
 
     predictions: a scipy CSR (test documents x labels) saved with scipy.sparse.save_npz; labels_file: the name
     of each column (JSON list or one per line; default: NAME_labels.json beside it, else the dataset's label
@@ -460,10 +363,10 @@ def evaluate_predictions(predictions: str | os.PathLike, data: str | os.PathLike
     run-like folder there that `xmcbench report` reads beside runs, the system named `name` (default: the
     file's name)."""
     predictions = Path(predictions)
-    metrics, dataset, config = runner.evaluate_predictions(
+    metrics, dataset, config = score_matrix(
         predictions, _name(data), _path(data_dir), registry, _reading(reading),
         list(set_options) + _set_options(settings), _path(labels_file))
     if output is not None:
-        runner.write_external_run(Path(output), name or predictions.stem, predictions, _name(data), dataset, config,
+        write_external_run(Path(output), name or predictions.stem, predictions, _name(data), dataset, config,
                                   metrics)
     return metrics

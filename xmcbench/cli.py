@@ -1,6 +1,6 @@
 """`xmcbench` command line. `run`, `predict` and `evaluate` parse their options and call the Python API
 (xmcbench.api: train, load(...).predict, evaluate), so a script can do all they do; the other commands call
-plain functions in `xmcbench.runner` and its neighbours. User mistakes end in one line on stderr and exit
+plain functions of the run layer (`xmcbench.runs`, `xmcbench.saved`, `xmcbench.scoring`). User mistakes end in one line on stderr and exit
 status 2."""
 
 from __future__ import annotations
@@ -245,12 +245,12 @@ def rescore_command(run_dirs: List[Path] = typer.Argument(..., help="finished ru
                     data_dir: Optional[Path] = DataDirOption):
     """Score runs' saved test predictions again with this version's metrics (e.g. runs made before the
     propensity definition changed) and rewrite their metrics.json; the model files are not needed."""
-    from xmcbench import runner
     from xmcbench.registry import build_registry
+    from xmcbench.saved import rescore_run
 
     registry = build_registry()
     for run_dir in run_dirs:
-        runner.rescore_run(run_dir, data_dir, registry=registry, log=typer.echo)
+        rescore_run(run_dir, data_dir, registry=registry, log=typer.echo)
 
 
 @app.command("ensemble")
@@ -323,14 +323,13 @@ def plugins_command(options: bool = typer.Option(False, "--options", help="also 
 @app.command("datasets")
 def datasets_command(data_dir: Optional[Path] = DataDirOption):
     """List the registered datasets, their sizes and whether their files are present."""
-    from xmcbench import runner
     from xmcbench.data import data_dir_from_env, label_texts_file, resolve_files
     from xmcbench.registry import build_registry
 
     registry = build_registry()
     where = data_dir_from_env(data_dir)
     try:
-        default = runner.default_dataset(registry)
+        default = registry.default_dataset()
     except XmcError:   # no plugin marks one: nothing to flag
         default = None
     rows = []
@@ -375,15 +374,14 @@ def convert_command(source: str = typer.Argument(..., help="registered dataset n
                     data_dir: Optional[Path] = DataDirOption):
     """Read a dataset (with the same reading options as run) and write it in another data format; the folder
     written reads back with the format's defaults."""
-    from xmcbench import runner
-    from xmcbench.formats import not_written, write_dataset
+    from xmcbench.formats import not_written, open_dataset, write_dataset
     from xmcbench.registry import build_registry
 
     registry = build_registry()
     registry.format(to)   # an unknown name fails before anything is read
     reading = format_options(data_format, text_column, label_column, label_separator, id_column, test_size,
                              label_texts)
-    dataset = runner.open_dataset(registry, source, data_dir, reading)
+    dataset = open_dataset(registry, source, data_dir, reading)
     folder = write_dataset(registry, dataset, output, to)
     left_out = not_written(registry.format(to), dataset)
     typer.echo(f"{dataset.name}: {dataset.train_labels.shape[0]:,} train / {dataset.test_labels.shape[0]:,} test "

@@ -329,7 +329,7 @@ def _label_features_in_workers(label_docs: sp.csr_matrix, docs: sp.csr_matrix, w
         layout_memory.close()
 
 
-# Part of the cluster cache's key (xmcbench.runner): change it whenever balanced_clusters gives other clusters
+# Part of the cluster cache's key (xmcbench.indexing): change it whenever balanced_clusters gives other clusters
 # for the same inputs and seed.
 ALGORITHM_VERSION = "balanced-2means-random-start-2"
 

@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 from pathlib import Path
 
 import xmcbench
-from xmcbench import runner
-from xmcbench.config import PATH_KIND, TrainConfig, training_stages
+from xmcbench.config import TrainConfig, training_stages
 from xmcbench.errors import XmcError
 from xmcbench.executors import Executor, GridContext, LocalExecutor, cell_task, run_grid
-from xmcbench.formats import FormatOptions
-from xmcbench.modelio import file_digest
-from xmcbench.registry import COMPONENT_KINDS, Registry, code_record, source_digest
+from xmcbench.formats import FormatOptions, open_dataset
+from xmcbench.registry import Registry, source_digest
+from xmcbench.rundir import FINISHED_MARKER
+from xmcbench.runs.component import check_components
+from xmcbench.runs.plan import Plan, plan_run, provenance
 from xmcbench.storage import fingerprint, read_json, write_json
 
 
@@ -39,36 +39,7 @@ LATER_SETTINGS = ("eval_ks", "propensity_a", "propensity_b", "tree_levels", "lev
 RESULT_NEUTRAL_SETTINGS = ("loggers",)
 
 
-def provenance(registry: Registry, method: str, config: TrainConfig) -> dict:
-    """What made a run's result besides its settings and data, as JSON values: "xmcbench" (the version),
-    "method" and, for a method built from components, "components" ({kind: {"name", ...}}): each one's
-    `registry.code_record` (plugin, distribution, version, and "source_sha256" where the version does not
-    identify the code); "options": every option the method and its components declare, set or defaulted;
-    "option_files": {name: {"path", "bytes", "sha256"}} of each path option (Option(kind="path")) that names a
-    file. result_key hashes it; config.json records it, environment.json its code part."""
-    spec = registry.method(method)
-    record = {"xmcbench": xmcbench.__version__, "method": code_record(registry.methods[method])}
-    if spec.whole_method is None:
-        record["components"] = {}
-        for kind in COMPONENT_KINDS:
-            name = getattr(config, kind)
-            entry = registry.components[kind].get(name)
-            record["components"][kind] = {"name": name, **(code_record(entry) if entry else {"plugin": None})}
-    declared = runner.declared_options(registry, spec, config)
-    record["options"] = {name: option.value_of(config) for name, (option, _) in sorted(declared.items())}
-    record["option_files"] = {}
-    for name, (option, owner) in sorted(declared.items()):
-        path = record["options"][name]
-        if option.kind == PATH_KIND and path is not None:
-            try:
-                record["option_files"][name] = {"path": str(path), **file_digest(Path(path).expanduser())}
-            except OSError as error:
-                raise XmcError(f"options.{name}={path} ({owner}) cannot be read: {error.strerror}; give a readable "
-                               f"file with --set options.{name}=PATH") from None
-    return json.loads(json.dumps(record, default=str))   # tuples as lists, as config.json reads back
-
-
-def _settings_and_stages(registry: Registry, plan: runner.Plan) -> tuple[dict, list[dict]]:
+def _settings_and_stages(registry: Registry, plan: Plan) -> tuple[dict, list[dict]]:
     stages = [dataclasses.asdict(stage) for stage in training_stages(registry.method(plan.method).stages, plan.config)]
     settings, defaults = plan.config.to_dict(), TrainConfig().to_dict()
     for key in LATER_SETTINGS:
@@ -79,7 +50,7 @@ def _settings_and_stages(registry: Registry, plan: runner.Plan) -> tuple[dict, l
     return settings, stages
 
 
-def result_key(registry: Registry, plan: runner.Plan, dataset_version: str, record: dict | None = None) -> str:
+def result_key(registry: Registry, plan: Plan, dataset_version: str, record: dict | None = None) -> str:
     """The key of a run's result: its settings (LATER_SETTINGS only when not at their default, never the
     RESULT_NEUTRAL_SETTINGS), stages, dataset version and provenance (record: provenance(), computed when
     not given)."""
@@ -88,7 +59,7 @@ def result_key(registry: Registry, plan: runner.Plan, dataset_version: str, reco
     return fingerprint(plan.method, settings, stages, dataset_version, record)
 
 
-def legacy_result_key(registry: Registry, plan: runner.Plan, dataset_version: str) -> str:
+def legacy_result_key(registry: Registry, plan: Plan, dataset_version: str) -> str:
     """The key runs had before result keys held their provenance: settings, stages and dataset version only.
     Kept to find those runs (adoptable); never the key of a new run."""
     settings, stages = _settings_and_stages(registry, plan)
@@ -102,7 +73,7 @@ def adoptable(run_dir: Path, record: dict) -> bool:
     """Whether `run_dir`, a finished run at a legacy key, may stand for a result of provenance `record`: it
     holds no provenance (saved before keys held one, so the code installed now is taken to be what trained
     it), or one compare recorded when adopting it that equals `record`."""
-    if not (run_dir / runner.FINISHED_MARKER).exists():
+    if not (run_dir / FINISHED_MARKER).exists():
         return False
     try:
         recorded = read_json(run_dir / "config.json").get("provenance")
@@ -122,7 +93,7 @@ def adopt(run_dir: Path, record: dict) -> None:
         write_json(run_dir / "config.json", {**saved, "provenance": {**record, ADOPTED: date}})
 
 
-def check_shared_validation(plans: dict[tuple[str, int], runner.Plan]) -> None:
+def check_shared_validation(plans: dict[tuple[str, int], Plan]) -> None:
     """Weighted ensembles fuse the methods of one seed on their validation rows: refuse, before anything
     trains, cells without a validation split or whose splits would differ."""
     for (method, seed), plan in plans.items():
@@ -145,23 +116,22 @@ def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds
               reading: FormatOptions | None = None, executor: Executor | None = None) -> dict[str, list[Path]]:
     """Train what is missing; return {method: [run directory per seed]}. shared_validation: refuse first
     unless the methods of each seed share one validation split (check_shared_validation). reading: how to read
-    a dataset path (runner.open_dataset); its values are part of the dataset's version, hence of the keys.
+    a dataset path (formats.open_dataset); its values are part of the dataset's version, hence of the keys.
     executor: runs the cells without a finished run (xmcbench.executors; default: one after another in this
     process), with the grid's locks and log in results_dir's sibling folder `grid`."""
     if not methods:
         raise XmcError("name at least one method to compare (e.g. xmcbench compare lightxml lightxml-static)")
-    loaded = runner.open_dataset(registry, dataset or runner.default_dataset(registry), data_dir, reading)
-    plans = {(method, seed): runner.plan_run(registry, method, dataset, config_file, set_options, seed, data_dir,
-                                             loaded=loaded)
-             for method in methods for seed in seeds}   # every setting is checked before anything trains
-    for plan in plans.values():   # recorded in config.json: --resume, evaluate and rescore read the path alike
-        plan.reading = reading or FormatOptions()
-        plan.loaded = plan.loaded or loaded
+    loaded = open_dataset(registry, dataset or registry.default_dataset(), data_dir, reading)
+    # every setting is checked before anything trains; the reading is recorded in config.json, so that --resume,
+    # evaluate and rescore read the path alike
+    plans = {(method, seed): plan_run(registry, method, dataset, config_file, set_options, seed, data_dir,
+                                      loaded=loaded, reading=reading)
+             for method in methods for seed in seeds}
     if shared_validation:
         check_shared_validation(plans)
     for plan in plans.values():   # every component's own check, before anything trains
         if registry.method(plan.method).whole_method is None:
-            runner.check_components(registry, plan, loaded)
+            check_components(registry, plan, loaded)
     version = loaded.version
     grid_folder = Path(results_dir).parent / "grid"
     cells: dict[str, list[Path]] = {method: [] for method in methods}
@@ -177,7 +147,7 @@ def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds
             cells[method].append(legacy)
             continue
         cells[method].append(run_dir)
-        if (run_dir / runner.FINISHED_MARKER).exists():
+        if (run_dir / FINISHED_MARKER).exists():
             log(f"{method} seed {seed}: reusing {run_dir}")
         else:
             tasks.append(cell_task(run_dir.name, method, seed, plan, run_dir, version, grid_folder, data_dir))
@@ -233,7 +203,7 @@ def compare(registry: Registry, methods: list[str], dataset: str | None, seeds: 
     if ensemble:
         for name, paths in ensemble_members(cells, seeds, fusion).items():
             target = output / "ensembles" / name
-            if not (target / runner.FINISHED_MARKER).exists():
+            if not (target / FINISHED_MARKER).exists():
                 build_ensemble(paths, target, fusion=fusion, registry=registry, log=log)
             run_dirs.append(target)
     return write_report(load_runs(run_dirs), output, baseline=baseline, fmt=fmt, command=command)

@@ -42,6 +42,8 @@ import scipy.sparse as sp
 
 from xmcbench.errors import BadData, XmcError
 
+IN_MEMORY = "in-memory:"   # the dataset name of data given as Python lists (xmcbench.api): never read from disk
+
 PathLike = Traversable | Path | str
 
 ENV_DATA_DIR = "XMCBENCH_DATA_DIR"
@@ -170,7 +172,7 @@ def label_texts_file(folder: PathLike) -> Traversable | Path | None:
 _EXPECTED = "train_texts.txt (or train_raw_texts.txt), train_labels.txt, test_texts.txt, test_labels.txt"
 
 
-def _dataset_files(folder: PathLike) -> tuple[dict[str, Traversable | Path], list[str]]:
+def dataset_files(folder: PathLike) -> tuple[dict[str, Traversable | Path], list[str]]:
     """Map role -> file for the four files; second item lists the names of the missing ones."""
     found: dict[str, Traversable | Path] = {}
     missing: list[str] = []
@@ -220,7 +222,7 @@ def resolve_files(spec: DatasetSpec, data_dir: Path | None) -> Traversable | Pat
         if not spec.embedded.is_dir():
             raise BadData(f"built-in dataset '{spec.name}' has no files at {spec.embedded}; reinstall xmcbench "
                           f"(e.g. pip install -e .) so that the package xmcbench_datasets is complete")
-        _, missing = _dataset_files(spec.embedded)
+        _, missing = dataset_files(spec.embedded)
         if missing:
             raise _not_found(spec, str(spec.embedded), missing,
                              "reinstall xmcbench so that the package xmcbench_datasets is complete")
@@ -235,7 +237,7 @@ def resolve_files(spec: DatasetSpec, data_dir: Path | None) -> Traversable | Pat
     for folder in _candidate_dirs(spec, data_dir):
         if not folder.is_dir():
             continue
-        _, missing = _dataset_files(folder)
+        _, missing = dataset_files(folder)
         if not missing:
             return folder
         if best_missing is None:
@@ -532,7 +534,7 @@ def _count(counts: dict[str, int], key: str, n: int) -> None:
 
 
 def _load(spec: DatasetSpec, folder: Traversable | Path) -> Dataset:
-    files, missing = _dataset_files(folder)
+    files, missing = dataset_files(folder)
     if missing:  # resolve_files checked; a folder can still change under us
         raise _not_found(spec, str(folder), missing, "check the folder")
     counts: dict[str, int] = {}
@@ -625,7 +627,7 @@ def load_dataset_from_path(path: Path) -> Dataset:
     if not path.is_dir():
         raise _not_found(spec, f"{path}, which is not a folder", None,
                          "pass the folder that holds these files")
-    _, missing = _dataset_files(path)
+    _, missing = dataset_files(path)
     if missing:
         raise _not_found(spec, str(path), missing, "add the missing files (plain or .xz/.gz/.bz2)")
     with _gc_paused():

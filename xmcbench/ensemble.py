@@ -28,10 +28,10 @@ scores (ties: lower id first).
   (choose_bin_weights): one member may lead the head and another the tail. They are kept only when they score
   better on the validation rows than one weight per member; the record says which, and why.
   The validation rows: every member must have `validation_predictions.safetensors` (written by
-  `xmcbench run` when validation_size > 0; see xmcbench.runner.save_validation_predictions) over the same
+  `xmcbench run` when validation_size > 0; see xmcbench.rundir.save_validation_predictions) over the same
   training rows, i.e. trained with the same seed, validation_size and max_train_docs. Their truth is the
   dataset's training labels at those rows; PSP@5's propensities are the ones every score uses
-  (runner.propensities).
+  (scoring.propensities).
 
 An ensemble directory:
 
@@ -49,10 +49,10 @@ An ensemble directory:
     timings.json              members' training seconds and prediction ms/document, summed
     predictions.safetensors   the ensemble's test-set top-k (labels (N, k) int64, scores (N, k) float32)
     predictions.npz           the same as a scipy CSR score matrix, predictions_labels.json its column names
-                              (runner.save_predictions_npz)
+                              (rundir.save_predictions_npz)
     environment.json          library versions, platform, date
 
-It is written into a new folder beside --output and swapped in when complete (rundir.written_beside), so a
+It is written into a new folder beside --output and swapped in when complete (storage.written_beside), so a
 build that fails midway (a full disk, Ctrl-C) leaves an earlier ensemble there as it was.
 
 Members must be finished runs sharing one label vocabulary (model/labels.json), or vocabularies of which each is
@@ -65,7 +65,7 @@ checked by prediction_files.read_predictions: one damaged or changed after its r
 otherwise (and always for `evaluate`) every member model predicts the test split, one model at a time.
 The metrics are taken at the first member's eval_ks (build with --top-k >= max(eval_ks)). Propensities for
 PSP@k, PSnDCG@k, PSR@k and the label counts of the frequency bins are the ones of every run and of
-`xmcbench evaluate` (runner.propensities: the dataset's whole training set, the first member's A and B), so
+`xmcbench evaluate` (scoring.propensities: the dataset's whole training set, the first member's A and B), so
 the ensemble's row compares with its members'.
 """
 
@@ -84,14 +84,19 @@ from typing import Sequence
 
 import numpy as np
 
-from xmcbench.config import check_top_k
+from xmcbench.config import TrainConfig
 from xmcbench.errors import DamagedModel, XmcError
-from xmcbench.metrics import evaluate
+from xmcbench.formats import open_dataset
 from xmcbench.inference import Predictions
+from xmcbench.metrics import evaluate
+from xmcbench.labels import load_label_info
+from xmcbench.models import load_model, predict_documents, saved_zero_shot_mask
 from xmcbench.prediction_files import read_predictions
 from xmcbench.registry import Registry, build_registry
-from xmcbench.rundir import written_beside
-from xmcbench.storage import read_json, write_json
+from xmcbench.rundir import PREDICTIONS_NPZ, VALIDATION_PREDICTIONS_FILE, environment, reading_of, save_predictions, \
+    save_predictions_npz
+from xmcbench.scoring import evaluation_config, filtered_pairs, propensities, remap_labels, score
+from xmcbench.storage import read_json, write_json, written_beside
 
 ENSEMBLE_FILE = "ensemble.json"
 SCHEMA_VERSION = 3   # 1: sum (the only rule before weighted fusion), 2: weighted, 3: weighted with weights per bin
@@ -497,10 +502,7 @@ def read_ensemble(directory: Path) -> Ensemble:
 
 def scoring_config(members: list[Member], set_options: Sequence[str] = ()):
     """The TrainConfig whose eval_ks and propensity settings score an ensemble: its first member's (the one
-    config.json shows), with `evaluate --set` scoring settings over them (runner.evaluation_config)."""
-    from xmcbench.config import TrainConfig
-    from xmcbench.runner import evaluation_config
-
+    config.json shows), with `evaluate --set` scoring settings over them (scoring.evaluation_config)."""
     try:
         config = TrainConfig.from_dict(members[0].config.get("config", {}))
     except XmcError as error:
@@ -510,34 +512,27 @@ def scoring_config(members: list[Member], set_options: Sequence[str] = ()):
 
 def _score(labels: np.ndarray, dataset, members: list[Member], set_options: Sequence[str] = ()) -> dict:
     """Metrics of test-set top lists (ids in the members' vocabulary) at the first member's eval_ks, with the
-    propensities every run and `xmcbench evaluate` use (runner.propensities: the dataset's whole training
+    propensities every run and `xmcbench evaluate` use (scoring.propensities: the dataset's whole training
     set), so an ensemble's row compares with its members' rows."""
-    from xmcbench.runner import filtered_pairs, propensities, remap_labels, saved_zero_shot_mask, \
-        without_filtered_pairs
-
     names = vocabulary(members)
     config = scoring_config(members, set_options)
     weights = propensities(dataset, config, names)
     truth = remap_labels(dataset.test_labels, dataset.label_names, names)
-    labels, removal = without_filtered_pairs(labels, filtered_pairs(dataset, "test", names))
     # a label is zero-shot for the ensemble when no member had a training document for it
     zero_shot = np.logical_and.reduce([saved_zero_shot_mask(member.path, member.label_names, truth.shape[1])
                                        for member in members])
-    metrics = evaluate(labels, truth, ks=config.eval_ks, inv_propensity=weights.inverse,
-                       label_counts=weights.label_counts, zero_shot=zero_shot)
-    return {**metrics, **removal, "propensity": weights.record()}
+    return score(Predictions(labels, None, None), truth, None, weights, config.eval_ks,
+                 filtered=filtered_pairs(dataset, "test", names), zero_shot=zero_shot)
 
 
 def _predict_member(member: Member, texts: list[str], texts_key: str | None, top_k: int, registry: Registry,
                     description: str = "predicting") -> Predictions:
-    from xmcbench.runner import load_saved_model, predict_saved_model
-
-    model, config, label_names = load_saved_model(member.path, registry)
+    model, config, label_names = load_model(member.path, registry)
     if label_names != member.label_names:
         raise XmcError(f"ensemble member {member.path} has another label vocabulary than the ensemble; rebuild "
                        "the ensemble with `xmcbench ensemble`")
     config.top_k = top_k
-    return predict_saved_model(model, texts, texts_key, config, description=f"{description} ({member.path.name})",
+    return predict_documents(model, texts, texts_key, config, description=f"{description} ({member.path.name})",
                                tokenizing=f"tokenizing ({member.path.name})")
 
 
@@ -586,8 +581,6 @@ def _validation_predictions(members: list[Member], dataset, top_k: int) -> tuple
     """The members' saved top lists on their validation rows: (labels [(V, k)], scores [(V, k)], rows (V,)),
     each file checked (prediction_files.read_predictions). Anything that keeps them from sharing one
     validation split ends in one XmcError line saying how to rerun."""
-    from xmcbench.runner import VALIDATION_PREDICTIONS_FILE
-
     paths = [member.path / VALIDATION_PREDICTIONS_FILE for member in members]
     with_file = [member for member, path in zip(members, paths) if path.is_file()]
     labels, scores, found_rows = [], [], []
@@ -623,8 +616,6 @@ def _validation_predictions(members: list[Member], dataset, top_k: int) -> tuple
 
 def fit_fusion(members: list[Member], dataset, top_k: int) -> Fusion:
     """The weighted fusion of these members, fitted on their shared validation rows (module docstring)."""
-    from xmcbench.runner import propensities, remap_labels
-
     labels, scores, rows = _validation_predictions(members, dataset, top_k)
     quantiles = [score_quantiles(member_labels, member_scores, top_k)
                  for member_labels, member_scores in zip(labels, scores)]
@@ -679,8 +670,6 @@ def training_counts(members: list[Member], num_labels: int) -> np.ndarray | None
     """(L,) the training documents of each label of the ensemble's vocabulary, from the members' saved label
     information (model/label_info.json; members share their training rows, so they agree; a label beyond a
     member's vocabulary counts 0 there); None when a member's model keeps none."""
-    from xmcbench.labels import load_label_info
-
     counts = np.zeros(num_labels, dtype=np.int64)
     for member in members:
         info = load_label_info(member.path / "model", member.label_names, "re-run training")
@@ -736,8 +725,6 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
                    log=print, fusion: str = "sum") -> Path:
     """Write an ensemble directory of finished runs and score it on the test split; return the directory.
     fusion: "sum" or "weighted" (see the module docstring)."""
-    from xmcbench.runner import open_dataset, reading_of
-
     check_fusion(fusion)
     if len(run_dirs) < 2:
         raise XmcError(f"an ensemble needs at least two runs, got {len(run_dirs)}")
@@ -805,8 +792,6 @@ def _write_ensemble(output: Path, members: list[Member], refs: list[str], top_k:
                     dataset, dataset_ref: str, labels: np.ndarray, scores: np.ndarray, metrics: dict, source: str,
                     combine_seconds: float) -> None:
     """The files of an ensemble directory (module docstring) into `output`, metrics.json last."""
-    from xmcbench.runner import PREDICTIONS_NPZ, environment, save_predictions, save_predictions_npz
-
     first = members[0]
     # schema 1 for sum, which every xmcbench reads right; 2 makes one that predates weighted fusion refuse it, 3 one
     # that predates weights per bin (it would fuse with the one weight per member and say nothing)
@@ -841,45 +826,3 @@ def _write_ensemble(output: Path, members: list[Member], refs: list[str], top_k:
                                          "unseen_test_labels": len(dataset.label_names) - dataset.num_labels,
                                          "members": len(members), "top_k": top_k, "fusion": rule.rule,
                                          "metrics_from": source, **metrics})
-
-
-def evaluate_ensemble(directory: Path, dataset_name: str | None = None, data_dir: Path | None = None,
-                      registry: Registry | None = None, set_options: Sequence[str] = ()) -> dict:
-    """Score an ensemble on a dataset's test split (its own by default), predicting with every member;
-    set_options: `--set` scoring settings (runner.EVALUATION_SETTINGS)."""
-    from xmcbench.runner import open_dataset, reading_of
-
-    ensemble = read_ensemble(directory)
-    deepest = max(scoring_config(ensemble.members, set_options).eval_ks)
-    if deepest > ensemble.top_k:
-        raise XmcError(f"the ensemble keeps its top {ensemble.top_k} labels, fewer than eval_ks asks for (@{deepest}); "
-                       f"build it again with `xmcbench ensemble ... --top-k {deepest}`")
-    registry = registry or build_registry()
-    reading = None   # a dataset named on the command line is read with the default options
-    if dataset_name is None:
-        reading = reading_of(ensemble.members[0].config)   # the members' own dataset, read as they read it
-        config_path = Path(directory) / "config.json"
-        recorded = read_json(config_path, "the ensemble's configuration") if config_path.is_file() else None
-        dataset_name = recorded.get("dataset") if isinstance(recorded, dict) else None
-        if not isinstance(dataset_name, str):
-            dataset_name = ensemble.members[0].config.get("dataset")
-        if not isinstance(dataset_name, str):
-            raise XmcError(f"{directory} does not say which dataset it was built on; pass --dataset")
-    dataset = open_dataset(registry, dataset_name, data_dir, reading)
-    labels, _ = _predict_test(ensemble.members, dataset, ensemble.top_k, registry, ensemble.fusion)
-    return _score(labels, dataset, ensemble.members, set_options)
-
-
-def predict_texts(directory: Path, texts: list[str], top_k: int = 5, registry: Registry | None = None) -> list[dict]:
-    """Top-k labels with ensemble scores for raw texts. Members contribute their top max(top_k, K) labels,
-    K from ensemble.json, so for top_k <= K the result is the start of the ranking `evaluate` scores."""
-    check_top_k(top_k)
-    ensemble = read_ensemble(directory)
-    registry = registry or build_registry()
-    width = max(top_k, ensemble.top_k)
-    found = [_predict_member(m, texts, None, width, registry) for m in ensemble.members]
-    labels, scores = fuse([p.labels for p in found], [p.scores for p in found], width, ensemble.fusion, ensemble.sizes)
-    names = ensemble.label_names
-    return [{"labels": [names[i] for i in row[:top_k] if i >= 0],
-             "scores": [round(float(s), 6) for i, s in zip(row[:top_k], values[:top_k]) if i >= 0]}
-            for row, values in zip(labels, scores)]

@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from xmcbench.config import parse_set_options
-from xmcbench.data import Dataset, data_dir_from_env
+from xmcbench.data import IN_MEMORY, Dataset, data_dir_from_env
 from xmcbench.errors import XmcError, error_line, first_line, joined_line
 from xmcbench.progress import _duration, log_interval
 from xmcbench.registry import Registry, build_registry
 
-if TYPE_CHECKING:   # the runner (torch, transformers) is imported where a grid runs, not when plugins load
-    from xmcbench import runner
+if TYPE_CHECKING:   # the run layer (torch, transformers) is imported where a grid runs, not when plugins load
+    from xmcbench.runs.plan import Plan
 
 # What became of a cell (CellResult.status).
 TRAINED, RESUMED, REUSED, FAILED, INTERRUPTED = "trained", "resumed", "reused", "failed", "interrupted"
@@ -65,7 +65,7 @@ class CellTask:
     method: str
     seed: int
     run_dir: Path
-    plan: runner.Plan
+    plan: Plan
     dataset_version: str
     lock: Path
     data_dir: Path | None = None
@@ -74,14 +74,12 @@ class CellTask:
         return f"{self.method} seed {self.seed}"
 
 
-def cell_task(name: str, method: str, seed: int, plan: runner.Plan, run_dir: Path, dataset_version: str,
+def cell_task(name: str, method: str, seed: int, plan: Plan, run_dir: Path, dataset_version: str,
               grid_folder: Path, data_dir: Path | None = None) -> CellTask:
     """A CellTask whose paths hold wherever the cell runs: absolute, with a dataset path (not a registered name)
     resolved, and the plan without its loaded dataset."""
-    from xmcbench import runner
-
     dataset = plan.dataset
-    if not dataset.startswith(runner.IN_MEMORY) and Path(dataset).expanduser().exists():
+    if not dataset.startswith(IN_MEMORY) and Path(dataset).expanduser().exists():
         dataset = str(Path(dataset).expanduser().resolve())
     data_dir = data_dir_from_env(data_dir)
     return CellTask(name, method, seed, Path(run_dir).resolve(), dataclasses.replace(plan, loaded=None,
@@ -454,29 +452,32 @@ def _interruptible():
 
 
 def _work(task: CellTask, context: GridContext | None, log: Callable[[str], None]) -> str:
-    from xmcbench import runner
+    from xmcbench.formats import open_dataset
+    from xmcbench.rundir import is_finished
+    from xmcbench.runs import launch
+    from xmcbench.runs.plan import plan_resume
 
-    if runner.is_finished(task.run_dir):
+    if is_finished(task.run_dir):
         log(f"{task.describe()}: another grid finished it meanwhile ({task.run_dir})")
         return REUSED
     registry = context.registry if context is not None else build_registry()
     if context is not None:
         dataset = context.dataset
     else:
-        dataset = runner.open_dataset(registry, task.plan.dataset, task.data_dir, task.plan.reading)
+        dataset = open_dataset(registry, task.plan.dataset, task.data_dir, task.plan.reading)
     if dataset.version != task.dataset_version:
         raise XmcError(f"the dataset {task.plan.dataset} read here has version {dataset.version}, but the grid was "
                        f"planned on version {task.dataset_version}; give every worker the same files (a shared "
                        "--data-dir)")
-    if (task.run_dir / "config.json").exists() and not runner.continues_from_scratch(registry, task.method):
+    if (task.run_dir / "config.json").exists() and not launch.continues_from_scratch(registry, task.method):
         log(f"{task.describe()}: resuming {task.run_dir}")
-        plan = runner.plan_resume(task.run_dir)
+        plan = plan_resume(task.run_dir)
         plan.loaded = dataset
-        runner.run(plan, task.run_dir, task.data_dir, registry=registry, log=log, resume=True)
+        launch.run(plan, task.run_dir, task.data_dir, registry=registry, log=log, resume=True)
         return RESUMED
     log(f"{task.describe()}: training into {task.run_dir}")
     # overwrite: only an unfinished run of a method that cannot resume is there to be replaced
-    runner.run(dataclasses.replace(task.plan, loaded=dataset), task.run_dir, task.data_dir, registry=registry, log=log,
+    launch.run(dataclasses.replace(task.plan, loaded=dataset), task.run_dir, task.data_dir, registry=registry, log=log,
                overwrite=True)
     return TRAINED
 

@@ -30,11 +30,10 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from xmcbench.data import Dataset, _gc_paused, _label_matrix, label_texts_file, open_binary, read_label_table, \
-    texts_for_labels
-from xmcbench.errors import BadData, RefusedSetting
-from xmcbench.rundir import written_beside
-from xmcbench.storage import fingerprint
+from xmcbench.data import IN_MEMORY, Dataset, _gc_paused, _label_matrix, data_dir_from_env, dataset_files, \
+    label_texts_file, load_dataset, load_dataset_from_path, open_binary, read_label_table, texts_for_labels
+from xmcbench.errors import BadData, RefusedSetting, XmcError
+from xmcbench.storage import fingerprint, written_beside
 
 # The option users type to choose a format; `compare` already uses --format for its table format.
 FORMAT_OPTION_HINT = "--format NAME (--data-format NAME in `compare`)"
@@ -499,3 +498,29 @@ def _with_empty_lines(body: bytes, features: sp.csr_matrix, labels: list) -> tup
     for row, label in zip(kept.tolist(), labels):
         full_labels[row] = label
     return full, full_labels
+
+
+def open_dataset(registry, name: str, data_dir: Path | None = None,
+                 options: FormatOptions | None = None) -> Dataset:
+    """A registered dataset by name, or a folder or file by path: the raw-text layout first, else the one
+    registered data format that recognises it (xmcbench.formats); `options` are the reading options
+    (--format, --text-column, ...). A dataset may hold sparse features and no texts: the methods that cannot
+    read it refuse it (xmcbench.whole_methods.check_inputs)."""
+    options = options or FormatOptions()
+    if name.startswith(IN_MEMORY):
+        raise XmcError(f"{name} was data given as Python lists, which no file holds; pass the data again "
+                       "(xmcbench.evaluate(run, data=...), or a dataset name or path)")
+    path = Path(name).expanduser()
+    if name in registry.datasets or not path.exists():
+        if options != FormatOptions():
+            raise XmcError(f"{', '.join(_flags(options))} read a folder or file, not the registered dataset {name!r}; "
+                           "drop them, or pass the path of your data")
+        return load_dataset(registry.dataset(name), data_dir_from_env(data_dir))
+    if options == FormatOptions() and path.is_dir() and dataset_files(path)[0]:
+        return load_dataset_from_path(path)   # the raw-text layout, or an error naming the files it misses
+    return read_dataset(registry, path, options)
+
+
+def _flags(options: FormatOptions) -> list[str]:
+    given = {"format": options.format_name, **options.given(), "label_texts": options.label_texts}
+    return ["--" + key.replace("_", "-") for key, value in given.items() if value is not None and key != "seed"]

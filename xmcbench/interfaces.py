@@ -12,7 +12,7 @@ label texts with the same weights (a dual encoder's towers): shared parameters a
 once. Recallers, rankers and samplers receive the training loop's lifecycle events (`LifecycleEvents`).
 
 A whole method (`WholeMethod`) is not built from components: a classic linear XMC method fits, saves,
-loads and predicts on its own, and the runner only hands it texts and labels.
+loads and predicts on its own, and the run (xmcbench.runs.whole) only hands it texts and labels.
 """
 
 from __future__ import annotations
@@ -388,7 +388,7 @@ class WholeMethod(ABC):
     """A method that fits, saves, loads and predicts on its own (e.g. TF-IDF + a linear label tree).
 
     A plugin registers the subclass itself as `MethodSpec(name, description, whole_method=TheClass)`. The
-    runner gives it the run's training rows (the validation split held out exactly as for a component
+    run gives it its training rows (the validation split held out exactly as for a component
     method), times `fit`, predicts the test and validation texts, scores them with the same code, and saves
     the model in `model/method/` of the run directory; `xmcbench predict`, `evaluate` and `ensemble` call
     `load` and `predict`. `xmcbench.testing.check_whole_method` checks this contract.
@@ -399,7 +399,7 @@ class WholeMethod(ABC):
     non-pickle format) and refers to nothing outside its folder; mistakes a user can make (a missing
     backend, an option out of range) raise `xmcbench.errors.XmcError` with one line.
 
-    Optional keyword-only parameters of `fit` / `fit_features` (the runner passes those declared):
+    Optional keyword-only parameters of `fit` / `fit_features` (the run passes those declared):
     `label_info` (the run's LabelInfo: names, texts, training counts, propensities; `load` may declare it too,
     and receives the saved one) and `checkpoint_dir` (a folder that survives an interruption: a method that
     declares it saves its progress there and continues from what it finds, so `xmcbench run --resume`

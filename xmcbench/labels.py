@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xmcbench import scoring
 from xmcbench.config import TrainConfig
 from xmcbench.data import Dataset
 from xmcbench.errors import DamagedModel
@@ -27,23 +28,21 @@ def label_info(dataset: Dataset, config: TrainConfig, train_rows: np.ndarray, pr
 
     dataset: the run's dataset. config: the run's settings (its propensity_a / propensity_b choose the
     propensity model when `propensities` is not given). train_rows: (N_train,) int, the rows of the training
-    set the run trains on, as `runner.split_train_rows(dataset, config)[0]` returns them (validation rows and
-    the rows max_train_docs leaves out are not counted). propensities: the run's `runner.Propensities`, when
-    the caller has computed them already (`runner.propensities(dataset, config)`); None computes them.
+    set the run trains on, as `runs.splits.split_train_rows(dataset, config)[0]` returns them (validation rows and
+    the rows max_train_docs leaves out are not counted). propensities: the run's `scoring.Propensities`, when
+    the caller has computed them already (`scoring.propensities(dataset, config)`); None computes them.
 
     Returns LabelInfo with
         names: (L,) dataset.label_names[:L];
         texts: (L,) dataset.label_texts[:L] (a label without a text carries its name), or None when the
                dataset has no label texts;
-        counts: (L,) int64, training documents per label among `train_rows` (runner.label_document_counts);
+        counts: (L,) int64, training documents per label among `train_rows` (scoring.label_document_counts);
         inverse_propensities: (L,) float64, 1 / p_l of the run's propensity model, counted on every training
-               document of the dataset as PSP@k is (runner.propensities).
+               document of the dataset as PSP@k is (scoring.propensities).
     """
-    from xmcbench import runner
-
     num_labels = dataset.num_labels
-    weights = propensities if propensities is not None else runner.propensities(dataset, config)
-    counts = runner.label_document_counts(dataset.train_labels[np.asarray(train_rows)][:, :num_labels])
+    weights = propensities if propensities is not None else scoring.propensities(dataset, config)
+    counts = scoring.label_document_counts(dataset.train_labels[np.asarray(train_rows)][:, :num_labels])
     texts = None if dataset.label_texts is None else tuple(dataset.label_texts[:num_labels])
     return LabelInfo(names=tuple(dataset.label_names[:num_labels]), texts=texts, counts=counts,
                      inverse_propensities=np.asarray(weights.inverse[:num_labels], dtype=np.float64))

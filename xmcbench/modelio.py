@@ -308,7 +308,7 @@ def _read_meta(directory: Path) -> dict:
     return meta
 
 
-def _read_labels(directory: Path, num_labels: int) -> list[str]:
+def read_labels(directory: Path, num_labels: int) -> list[str]:
     path = directory / "labels.json"
     labels = read_json(path, "the label list", REDO)
     if not isinstance(labels, list) or not all(isinstance(name, str) for name in labels):
@@ -380,7 +380,7 @@ def _safetensors_header(path: Path) -> dict[str, tuple[str, list[int]]]:
     return tensors
 
 
-def _verify_files(directory: Path, meta: dict) -> None:
+def verify_files(directory: Path, meta: dict) -> None:
     """The folder holds exactly the files model.json recorded at save time (besides model.json), with their
     sizes and sha256: a file added later (a tokenizer's added_tokens.json, say) would change what the model
     does without changing any listed file, so it is refused too."""
@@ -493,7 +493,7 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
                            "(give a run directory written by `xmcbench run`)")
     meta = _read_meta(directory)
     num_labels, num_clusters, width = meta["num_labels"], meta["num_clusters"], meta["cluster_size"]
-    label_names = _read_labels(directory, num_labels)
+    label_names = read_labels(directory, num_labels)
     weights = directory / "weights.safetensors"
     tensors = _safetensors_header(weights)
     encoder_params = dict(meta["encoder_params"])
@@ -501,7 +501,7 @@ def _load_model_dir(directory: Path, registry: Registry) -> tuple[XMCModel, Trai
     if ENCODER_FOLDER in encoder_params.values() and not (directory / ENCODER_FOLDER).is_dir():
         raise DamagedModel(f"{directory / ENCODER_FOLDER} is missing: the encoder's config and tokenizer are not in "
                            f"the model directory; {REDO}")
-    _verify_files(directory, meta)
+    verify_files(directory, meta)
 
     try:
         config = TrainConfig.from_dict(meta["config"])

@@ -1,7 +1,7 @@
 """Top-k predictions saved in a run or ensemble folder, read back through one function that checks them.
 
-A run writes its test predictions (predictions.safetensors, runner.save_predictions) and, with a validation
-split, its validation predictions (validation_predictions.safetensors, runner.save_validation_predictions);
+A run writes its test predictions (predictions.safetensors, rundir.save_predictions) and, with a validation
+split, its validation predictions (validation_predictions.safetensors, rundir.save_validation_predictions);
 ensembles, `xmcbench rescore`, the checks of `xmcbench report` and weighted fusion read them back later,
 from folders that may have been damaged, edited or received from someone else. read_predictions is the one
 reader: a file that does not hold what xmcbench writes is refused in one XmcError line that names the file,

@@ -383,6 +383,15 @@ class Registry:
                               f"(`xmcbench plugins` lists them{self._missing_hint()})")
         return table[name].value
 
+    def default_dataset(self) -> str:
+        """The dataset a run uses when none is named: the first registered one whose plugin marks it
+        (DatasetSpec.is_default; xmcbench's own datasets plugin marks its smallest)."""
+        for name, entry in self.datasets.items():
+            if entry.value.is_default:
+                return name
+        raise XmcError("no dataset named and no installed plugin marks a default one: give --dataset NAME_OR_PATH "
+                       "(`xmcbench datasets` lists them)")
+
     def method(self, name: str):
         if name not in self.methods:
             raise UnknownName(f"unknown method {name!r}: {closest_names_hint(name, self.methods)} "

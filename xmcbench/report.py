@@ -107,8 +107,8 @@ class RunResult:
     losses: list[dict]     # training_log.json steps: {"step", "epoch", "loss", ...}
     model_bytes: int       # rundir.model_bytes, else the size timings.json recorded when the run finished (0 if neither)
     frequency_bins: dict | None = None   # metrics.json "frequency_bins" (xmcbench.metrics.evaluate), if recorded
-    propensity: dict | None = None       # metrics.json "propensity" (runner.Propensities.record), if recorded
-    filtered_pairs: dict | None = None   # metrics.json "filtered_pairs" (runner.without_filtered_pairs), if any
+    propensity: dict | None = None       # metrics.json "propensity" (scoring.Propensities.record), if recorded
+    filtered_pairs: dict | None = None   # metrics.json "filtered_pairs" (scoring.without_filtered_pairs), if any
     zero_shot: dict | None = None        # metrics.json "zero_shot" (xmcbench.metrics.evaluate), if recorded
 
     @functools.cached_property

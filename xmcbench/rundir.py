@@ -11,24 +11,49 @@ What a run writes stays inside its folder (run_path): no part of a path inside i
 `..` or absolute, so a run folder received from someone else (a tensorboard/ that links elsewhere, a
 checkpoints/latest.json naming another folder) cannot steer a write, or a read, outside it. Resuming a run
 checks its whole folder once (check_no_links); loggers and other writers ask run_path for their paths.
+
+The files of a finished run: config.json (write_run_config), environment.json, the model folder, the
+predictions (test, and validation when there is a split; the test top-k also as predictions.npz),
+timings.json, data_report.json, and metrics.json last (FINISHED_MARKER: its presence marks the run finished);
+write_results writes them.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
+import datetime
 import fcntl
+import importlib.metadata
 import json
 import os
+import platform
+import resource
 import shutil
-import tempfile
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
+from typing import TYPE_CHECKING
+
+import numpy as np
+import scipy.sparse as sp
+import torch
 
 import xmcbench
+from xmcbench.data import IN_MEMORY, Dataset
 from xmcbench.errors import XmcError
-from xmcbench.storage import umask_mode
+from xmcbench.formats import FormatOptions
+from xmcbench.inference import Predictions
+from xmcbench.registry import Registry
+from xmcbench.storage import atomic_write, read_json, replace_folder, staging_folder, write_json
+
+if TYPE_CHECKING:
+    from xmcbench.runs.plan import Plan
 
 RUN_MARKER = ".xmcbench-run"
+FINISHED_MARKER = "metrics.json"
+VALIDATION_PREDICTIONS_FILE = "validation_predictions.safetensors"   # see save_validation_predictions
+PREDICTIONS_NPZ = "predictions.npz"   # the test top-k as a scipy CSR score matrix, see save_predictions_npz
+VERSIONED_PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "scipy", "scikit-learn", "safetensors")
 
 
 @dataclass
@@ -53,38 +78,6 @@ class ClaimedRun:
         for handle in self.locks:
             handle.close()   # closing the descriptor releases its flock
         self.locks.clear()
-
-
-def staging_folder(target: Path) -> Path:
-    return target.with_name(f".{target.name}.xmcbench-replacement")
-
-
-def replace_folder(new: Path, target: Path) -> None:
-    """Put the finished folder `new` (a sibling of target) in target's place; an earlier target is moved
-    aside first and deleted only once `new` is in place."""
-    replaced = target.with_name(f".{target.name}.xmcbench-replaced")
-    shutil.rmtree(replaced, ignore_errors=True)
-    if target.exists():
-        os.rename(target, replaced)
-    os.rename(new, target)
-    shutil.rmtree(replaced, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def written_beside(target: Path):
-    """A new, empty folder beside `target` to write a whole folder into (an ensemble, a converted dataset);
-    when the block ends without an error it replaces target (replace_folder), otherwise it is deleted and
-    target stays as it was. A full disk or Ctrl-C midway never leaves a half-written target."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.xmcbench-new-"))
-    try:
-        os.chmod(staging, umask_mode(folder=True))   # mkdtemp's 0700 would keep the folder from other users
-        yield staging
-        replace_folder(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 def run_path(run_dir: Path, *parts: str) -> Path:
@@ -218,3 +211,175 @@ def model_bytes(run_dir: Path) -> int:
         return weights.stat().st_size
     folder = Path(run_dir) / "model" / "method"
     return sum(file.stat().st_size for file in folder.rglob("*") if file.is_file()) if folder.is_dir() else 0
+
+
+def is_finished(run_dir: Path) -> bool:
+    return (Path(run_dir) / FINISHED_MARKER).exists()
+
+
+def default_output(plan: Plan) -> Path:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{plan.method}-{Path(plan.dataset).name}-{stamp}"
+
+
+def environment(packages: tuple[str, ...] = ()) -> dict:
+    """environment.json: library versions (`packages`: a method's own backends too, None when missing),
+    platform, GPU, date."""
+    versions = {"python": sys.version.split()[0], "xmcbench": xmcbench.__version__}
+    for package in VERSIONED_PACKAGES + tuple(packages):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            if package in packages:
+                versions[package] = None
+    return {"versions": versions, "platform": platform.platform(), "processor": platform.processor(),
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+PEAK_RSS_RESET = Path("/proc/self/clear_refs")   # Linux: writing 5 restarts VmHWM from the memory in use now
+
+
+PROCESS_STATUS = Path("/proc/self/status")
+
+
+def reset_peak_memory() -> None:
+    """Start a run's memory peaks from what the process holds now: `compare` trains its runs one after another
+    in one process, and without the reset every run would report the largest peak of the runs before it."""
+    try:
+        PEAK_RSS_RESET.write_text("5")
+    except OSError:
+        pass   # not Linux: peak_memory_mb falls back to the process's lifetime peak
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(index)
+
+
+def peak_memory_mb(device: torch.device) -> dict:
+    """The peak resident memory since reset_peak_memory (VmHWM; elsewhere the process's ru_maxrss), and on a
+    GPU the peak allocated by torch on `device`."""
+    try:
+        kilobytes = next(int(line.split()[1]) for line in PROCESS_STATUS.read_text().splitlines()
+                         if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, IndexError, ValueError):
+        kilobytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    memory = {"peak_rss_mb": kilobytes / 1024}
+    if device.type == "cuda":
+        memory["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return memory
+
+
+def write_run_config(output: Path, plan: Plan, dataset: Dataset, registry: Registry, resolved: dict, record: dict,
+                     packages: tuple[str, ...] = ()) -> None:
+    """config.json (the method, the dataset and its version, every setting, what was derived, `resolved`:
+    what the run decided, such as threads, device and the training rows, and `record` as "provenance": the code,
+    options and option files behind the result, see runs.plan.provenance) and environment.json (its code part
+    too)."""
+    dataset_ref = plan.dataset if plan.dataset in registry.datasets or plan.dataset.startswith(IN_MEMORY) \
+        else str(Path(plan.dataset).resolve())
+    reading = {} if plan.reading == FormatOptions() else {"reading": dataclasses.asdict(plan.reading)}
+    write_json(output / "config.json", {"method": plan.method, "dataset": dataset_ref, "dataset_name": dataset.name,
+                                        "dataset_version": dataset.version, "config": plan.config.to_dict(),
+                                        **reading, **plan.describe(), "resolved": resolved, "provenance": record})
+    code = {key: record[key] for key in ("xmcbench", "method", "components") if key in record}
+    write_json(output / "environment.json", {**environment(packages), "provenance": code})
+
+
+def note_budget(output: Path, epochs: int, log) -> None:
+    """config.json's "budget": training stopped at its epoch cap with the validation score still rising
+    (callbacks.still_improving), the scores per epoch with it."""
+    recorded = read_json(output / "config.json")
+    recorded["budget"] = {"epochs": epochs, "still_improving": True,
+                          "validation": [{"epoch": r["epoch"], "score": r["score"]} for r in log.validation]}
+    write_json(output / "config.json", recorded)
+
+
+def write_results(output: Path, dataset: Dataset, metrics: dict, predictions: Predictions, *,
+                  validation_predictions: Predictions | None, validation_rows: np.ndarray, train_seconds: float,
+                  documents_trained: int, predict_seconds: float, resumed: bool, device: torch.device) -> None:
+    """The files every finished run has besides its model: predictions (test, and validation when there is a
+    split; the test top-k also as predictions.npz), timings.json, data_report.json, and metrics.json last,
+    whose presence marks the run finished. documents_trained: the documents of the ms/document figure (a
+    whole method's one pass: its training rows)."""
+    save_predictions(output / "predictions.safetensors", predictions)
+    save_predictions_npz(output / PREDICTIONS_NPZ, predictions.labels, predictions.scores,
+                         dataset.label_names[:dataset.num_labels])
+    if validation_predictions is not None:
+        save_validation_predictions(output / VALIDATION_PREDICTIONS_FILE, validation_predictions.labels,
+                                    validation_predictions.scores, validation_rows)
+    write_json(output / "timings.json", {
+        "train_seconds": train_seconds,
+        "train_ms_per_document": 1000 * train_seconds / max(1, documents_trained),
+        "documents_trained": documents_trained,
+        "predict_seconds": predict_seconds,
+        "predict_ms_per_document": 1000 * predict_seconds / max(1, len(dataset.test_texts)),
+        "resumed": resumed,
+        "model_bytes": model_bytes(output),   # so reports can give the size when the model files stay elsewhere
+        **peak_memory_mb(device)})
+    write_json(output / "data_report.json", dataset.report)
+    write_json(output / FINISHED_MARKER, {"dataset": dataset.name, "test_documents": len(dataset.test_texts),
+                                          "unseen_test_labels": len(dataset.label_names) - dataset.num_labels,
+                                          **metrics})
+
+
+def save_predictions(path: Path, predictions: Predictions) -> None:
+    """Test-set top-k as tensors (labels (N, k) int64, scores (N, k) float32): for ensembles and checks."""
+    from safetensors.numpy import save_file
+
+    arrays = {"labels": predictions.labels, "scores": predictions.scores}
+    if predictions.recalled is not None:
+        arrays["recalled_clusters"] = predictions.recalled
+    atomic_write(path, lambda temporary: save_file(arrays, str(temporary)))
+
+
+def labels_file_of(npz_path: Path) -> Path:
+    """The label-names file that goes with a predictions .npz: predictions.npz -> predictions_labels.json."""
+    return Path(npz_path).with_name(Path(npz_path).stem + "_labels.json")
+
+
+def save_predictions_npz(path: Path, labels: np.ndarray, scores: np.ndarray, label_names: list[str]) -> None:
+    """The top-k as the sparse score matrix PECOS and pyxclib users exchange: a scipy CSR (N, L) of float32,
+    row i holding the scores of document i's top-k labels (ids -1, empty slots, left out), written with
+    scipy.sparse.save_npz; the L column names go beside it in labels_file_of(path), a JSON list.
+    labels, scores: (N, k); label_names: (L,) the names of the label ids."""
+    labels, scores = np.asarray(labels), np.asarray(scores, dtype=np.float32)
+    rows = np.broadcast_to(np.arange(labels.shape[0])[:, None], labels.shape)
+    kept = labels >= 0
+    # built from (data, indices, indptr) directly: a COO conversion would drop nothing but sums duplicates,
+    # and a score of 0.0 is a prediction that must stay a stored entry
+    order = np.lexsort((labels[kept], rows[kept]))
+    indptr = np.concatenate(([0], np.cumsum(kept.sum(axis=1))))
+    matrix = sp.csr_matrix((scores[kept][order], labels[kept][order].astype(np.int32), indptr),
+                           shape=(labels.shape[0], len(label_names)))
+
+    def write(temporary: Path) -> None:
+        with open(temporary, "wb") as file:   # a file object: given a name, numpy would append ".npz" to it
+            sp.save_npz(file, matrix, compressed=True)
+
+    atomic_write(path, write)
+    write_json(labels_file_of(path), list(label_names))
+
+
+def save_validation_predictions(path: Path, labels: np.ndarray, scores: np.ndarray, rows: np.ndarray) -> None:
+    """The final model's top-k on the validation rows, for choosing ensemble weights without the test set
+    (xmcbench.ensemble, --fusion weighted). Every method writes this one format:
+
+    labels (V, k) int64 label ids (-1: empty slot), scores (V, k) float32, rows (V,) int64 = the training-set
+    row indices of the validation documents, as split_train_rows returns them (sorted)."""
+    from safetensors.numpy import save_file
+
+    labels, scores, rows = np.asarray(labels), np.asarray(scores), np.asarray(rows)
+    if labels.ndim != 2 or labels.shape != scores.shape or rows.shape != (labels.shape[0],):
+        raise ValueError(f"validation predictions need labels and scores of one shape (V, k) and rows (V,), got "
+                         f"{labels.shape}, {scores.shape} and {rows.shape}")
+    arrays = {"labels": np.ascontiguousarray(labels, dtype=np.int64),
+              "scores": np.ascontiguousarray(scores, dtype=np.float32),
+              "rows": np.ascontiguousarray(rows, dtype=np.int64)}
+    atomic_write(path, lambda temporary: save_file(arrays, str(temporary)))
+
+
+def reading_of(saved: dict) -> FormatOptions:
+    """The reading options a run recorded in its config.json ("reading", see write_run_config), so that
+    --resume, evaluate, rescore and ensembles read its dataset path as the run did; defaults when none."""
+    recorded = saved.get("reading") or {}
+    return FormatOptions(**{key: value for key, value in recorded.items() if key in FormatOptions.__dataclass_fields__})

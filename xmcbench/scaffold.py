@@ -233,7 +233,8 @@ import json
 
 import pytest
 
-from xmcbench import runner
+from xmcbench.runs import launch
+from xmcbench.runs.plan import plan_run
 from xmcbench.registry import build_registry
 from xmcbench.testing import check_component, check_method, make_tiny_transformer, tiny_config, write_tiny_dataset
 
@@ -268,8 +269,8 @@ def test_a_tiny_run(tiny_model, tmp_path):
     settings = [f"model_name={tiny_model}", "pretrained_weights=false", "epochs=1", "max_length=16", "threads=1",
                 "cluster_size=2", "top_clusters=2", "hidden_size=8"]
     registry = build_registry()
-    plan = runner.plan_run(registry, "$name", str(dataset), set_options=settings)
-    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    plan = plan_run(registry, "$name", str(dataset), set_options=settings)
+    run_dir = launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert 0 <= metrics["P@1"] <= 100
     resolved = json.loads((run_dir / "config.json").read_text())["resolved"]

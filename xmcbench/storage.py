@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -102,3 +103,35 @@ def read_json(path: Path, what: str | None = None, remedy: str = "") -> Any:
     except json.JSONDecodeError as error:
         problem = "it is empty" if not text.strip() else f"{error.msg} at line {error.lineno} column {error.colno}"
         raise XmcError(f"{path} is not valid JSON ({problem}): {what} is damaged or truncated{end}") from None
+
+
+def staging_folder(target: Path) -> Path:
+    return target.with_name(f".{target.name}.xmcbench-replacement")
+
+
+def replace_folder(new: Path, target: Path) -> None:
+    """Put the finished folder `new` (a sibling of target) in target's place; an earlier target is moved
+    aside first and deleted only once `new` is in place."""
+    replaced = target.with_name(f".{target.name}.xmcbench-replaced")
+    shutil.rmtree(replaced, ignore_errors=True)
+    if target.exists():
+        os.rename(target, replaced)
+    os.rename(new, target)
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def written_beside(target: Path):
+    """A new, empty folder beside `target` to write a whole folder into (an ensemble, a converted dataset);
+    when the block ends without an error it replaces target (replace_folder), otherwise it is deleted and
+    target stays as it was. A full disk or Ctrl-C midway never leaves a half-written target."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.xmcbench-new-"))
+    try:
+        os.chmod(staging, umask_mode(folder=True))   # mkdtemp's 0700 would keep the folder from other users
+        yield staging
+        replace_folder(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

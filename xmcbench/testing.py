@@ -1441,7 +1441,12 @@ def check_method(registry, method: str, settings: list[str] | dict = ()) -> None
 
     from safetensors.torch import load_file
 
-    from xmcbench import runner
+    from xmcbench.formats import open_dataset
+    from xmcbench.indexing import label_clusters
+    from xmcbench.models import predict_documents
+    from xmcbench.runs import launch
+    from xmcbench.runs.plan import plan_resume, plan_run
+    from xmcbench.runs.splits import split_train_rows
     from xmcbench.modelio import build_model, load_model_dir
     from xmcbench.labels import label_info
     from xmcbench.training import TrainingInterrupted
@@ -1453,21 +1458,21 @@ def check_method(registry, method: str, settings: list[str] | dict = ()) -> None
         scratch = Path(scratch)
         data = write_tiny_dataset(scratch / "data")
         write_tiny_label_texts(data)
-        dataset = runner.open_dataset(registry, str(data))
+        dataset = open_dataset(registry, str(data))
         with check.rule("planning the run must work"):
-            plan = runner.plan_run(registry, method, str(data), set_options=options, seed=SEED, loaded=dataset)
+            plan = plan_run(registry, method, str(data), set_options=options, seed=SEED, loaded=dataset)
         plan.loaded = dataset
 
         config = plan.config
-        train_rows, _ = runner.split_train_rows(dataset, config)
+        train_rows, _ = split_train_rows(dataset, config)
         with check.rule("building the model must work"):
-            model = build_model(registry, config, runner.label_clusters(dataset, config, train_rows),
+            model = build_model(registry, config, label_clusters(dataset, config, train_rows),
                                 label_info=label_info(dataset, config, train_rows))
         _check_shared_towers(check, model)
 
         quiet = lambda line: None   # noqa: E731
         with check.rule("a run must train, predict and save"):
-            finished = runner.run(plan, scratch / "run", registry=registry, log=quiet)
+            finished = launch.run(plan, scratch / "run", registry=registry, log=quiet)
         moved = scratch / "moved-model"
         shutil.copytree(finished / "model", moved)
         shutil.rmtree(finished / "model")   # a model folder reaches nothing outside itself
@@ -1475,7 +1480,7 @@ def check_method(registry, method: str, settings: list[str] | dict = ()) -> None
             loaded, loaded_config, _ = load_model_dir(moved, registry)
         loaded_config = dataclasses.replace(loaded_config, threads=1, top_k=config.top_k)
         with check.rule("the loaded model must predict"):
-            found = runner.predict_saved_model(loaded, dataset.test_texts, None, loaded_config)
+            found = predict_documents(loaded, dataset.test_texts, None, loaded_config)
         saved = load_file(str(finished / "predictions.safetensors"))
         check.require(np.array_equal(found.labels, saved["labels"].numpy()) and
                       np.allclose(found.scores, saved["scores"].numpy(), rtol=SAME_RTOL, atol=SAME_ATOL),
@@ -1491,13 +1496,13 @@ def check_method(registry, method: str, settings: list[str] | dict = ()) -> None
         resumed = scratch / "resumed"
         with _interrupted_at(INTERRUPT_AT_STEP), check.rule("a run stopped as on Ctrl-C must stop cleanly"):
             with contextlib.suppress(TrainingInterrupted):
-                runner.run(plan, resumed, registry=registry, log=quiet)
+                launch.run(plan, resumed, registry=registry, log=quiet)
         check.require((resumed / "checkpoints").is_dir(), "a stopped run must leave a checkpoint",
                       f"no checkpoint in {resumed} after step {INTERRUPT_AT_STEP}")
         with check.rule("--resume must continue the stopped run"):
-            again = runner.plan_resume(resumed)
+            again = plan_resume(resumed)
             again.loaded = dataset
-            runner.run(again, resumed, registry=registry, log=quiet, resume=True)
+            launch.run(again, resumed, registry=registry, log=quiet, resume=True)
         reference = load_file(str(moved / "weights.safetensors"))
         continued = load_file(str(resumed / "model" / "weights.safetensors"))
         different = sorted(key for key in reference if key not in continued or not torch.equal(reference[key],
@@ -1541,7 +1546,10 @@ def check_executor(factory, options=None, timeout: float = 300.0) -> None:
     Raises AssertionError naming the executor and the broken rule. Cells run wherever the executor sends them:
     there xmcbench must be installed and the temporary folder reachable (this machine's /tmp).
     """
-    from xmcbench import executors, runner
+    from xmcbench import executors
+    from xmcbench.formats import open_dataset
+    from xmcbench.rundir import is_finished
+    from xmcbench.runs.plan import plan_run
     from xmcbench.registry import build_registry
 
     check = _Check("executor", factory)
@@ -1550,11 +1558,11 @@ def check_executor(factory, options=None, timeout: float = 300.0) -> None:
         model_dir = make_tiny_transformer(scratch / "model")
         data = str(write_tiny_dataset(scratch / "data"))
         registry = build_registry()
-        dataset = runner.open_dataset(registry, data)
+        dataset = open_dataset(registry, data)
         settings = [f"model_name={model_dir}", *EXECUTOR_CHECK_SETTINGS]
 
         def task(seed: int, folder: str) -> Any:
-            plan = runner.plan_run(registry, "lightxml", data, None, settings, seed, loaded=dataset)
+            plan = plan_run(registry, "lightxml", data, None, settings, seed, loaded=dataset)
             name = f"lightxml-seed{seed}"
             return executors.cell_task(name, "lightxml", seed, plan, scratch / folder / name, dataset.version,
                                        scratch / f"{folder}-grid")
@@ -1592,7 +1600,7 @@ def check_executor(factory, options=None, timeout: float = 300.0) -> None:
                           "a cell whose run folder is taken must fail with a one-line error naming it",
                           f"status {failed.status!r}, error {failed.error!r}")
             trained = results[trains.name]
-            check.require(trained.status == executors.TRAINED and runner.is_finished(trains.run_dir),
+            check.require(trained.status == executors.TRAINED and is_finished(trains.run_dir),
                           "a cell must train to a finished run folder",
                           f"{trains.name}: status {trained.status!r}, error {trained.error!r}")
             reference = task(trains.seed, "reference")

@@ -4,7 +4,7 @@ The loop owns only what every run needs: the data order, the step (forward, back
 precision, distributed gradient sharing), reading losses off the device, stages (frozen parts, optimizers,
 the sampler's start), checkpoints at the end and on Ctrl-C, and the state that lets a stopped run continue
 exactly. Weight averaging, model selection with early stopping and checkpoint cadence are callbacks built
-from the run's settings; loggers are callbacks the runner adds.
+from the run's settings; loggers are callbacks the run adds (xmcbench.runs.component).
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Whole methods (`xmcbench.interfaces.WholeMethod`): their runs, their saved models, their predictions.
+"""Whole methods (`xmcbench.interfaces.WholeMethod`): what they read, their predictions, their saved models.
 
-A whole method's run writes the run directory a component method's does — config.json, environment.json,
-timings.json, predictions.safetensors and predictions.npz, validation_predictions.safetensors (with a
-validation split), data_report.json, metrics.json last, the `.xmcbench-run` claim — with the same split of
-the training set (`runner.split_train_rows`), the same propensities (`runner.propensities`) and the same
-scoring code. It has no training_log.json or loss.png: fitting is one call. It runs on the device the method can use
-(WholeMethod.devices: the GPU where the method computes on one and the machine has it), recorded in
-config.json. `xmcbench run --resume` continues a method whose fit keeps checkpoints (it declares
-`checkpoint_dir`) and is refused, in one line, for one that does not. Its model folder:
+Their runs are xmcbench.runs.whole. Their model folder:
 
     model/model.json    schema, "whole_method" (the method's name), the config, num_labels, the size and
                         sha256 of every other file of the folder ("files"), and a checksum of itself
@@ -23,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -33,16 +25,14 @@ import torch
 import xmcbench
 from xmcbench.config import TrainConfig
 from xmcbench.data import Dataset
-from xmcbench.distributed import Distributed
 from xmcbench.errors import XmcError, joined_line
 from xmcbench.interfaces import LabelInfo, WholeMethod, call_factory, declared_keywords
-from xmcbench.labels import label_info, load_label_info, save_label_info
-from xmcbench.modelio import REDO, _read_labels, _verify_files, file_digest, read_signed_description, \
-    signed_description
-from xmcbench.device import pick_device, seed_everything, set_threads
+from xmcbench.labels import load_label_info, save_label_info
+from xmcbench.modelio import REDO, file_digest, read_labels, read_signed_description, signed_description, \
+    verify_files
+from xmcbench.device import pick_device
 from xmcbench.inference import Predictions
 from xmcbench.registry import Registry
-from xmcbench.rundir import ClaimedRun, claim_existing, claim_output
 from xmcbench.storage import read_json, write_json
 
 SCHEMA_VERSION = 1
@@ -100,32 +90,7 @@ def check_inputs(method_name: str, method: type[WholeMethod] | None, dataset: Da
                    " or a copy of the dataset with its texts")
 
 
-# -- the run ----------------------------------------------------------------------------------------
-
-def run_whole_method(plan, method: type[WholeMethod], output: Path | None, data_dir: Path | None, overwrite: bool,
-                     registry: Registry, log, resume: bool, dist: Distributed) -> Path:
-    """runner.run for a whole method: refuse what cannot work before the output folder is touched, claim it
-    (`--overwrite` and `--resume` as for any run), fit, predict, score, write the run directory."""
-    from xmcbench import runner
-    from xmcbench.runner import default_output, is_finished, open_dataset
-
-    if dist.enabled:
-        raise XmcError(f"{plan.method} is a whole method, which runs in one process: run it without torchrun")
-    if resume and not keeps_checkpoints(method):
-        raise XmcError(f"{plan.method} keeps no checkpoint while it fits, so --resume cannot continue it; fit it "
-                       f"again: xmcbench run {plan.method} ... --output {output} --overwrite")
-    threads = set_threads(plan.config)
-    device = method_device(plan.method, method, plan.config)
-    dataset = plan.loaded or open_dataset(registry, plan.dataset, data_dir, plan.reading)
-    check_inputs(plan.method, method, dataset, registry)
-    runner.room_for_filtered_pairs(plan.config, dataset, log)
-    method.check(plan.config, dataset.num_labels)
-    output = Path(output) if output else default_output(plan)
-    claimed = claim_existing(output) if resume else claim_output(output, overwrite, is_finished)
-    try:
-        return _fit_and_write(plan, method, claimed, dataset, threads, device, registry, log, resume)
-    finally:
-        claimed.release()
+# -- the method and the machine -----------------------------------------------------------------
 
 
 def keeps_checkpoints(method: type[WholeMethod]) -> bool:
@@ -145,68 +110,6 @@ def method_device(name: str, method: type[WholeMethod], config: TrainConfig) -> 
     if device.type not in method.devices:
         raise XmcError(f"{name} computes on {', '.join(method.devices)} only; drop --set device={config.device}")
     return device
-
-
-def _fit_and_write(plan, method: type[WholeMethod], claimed: ClaimedRun, dataset: Dataset, threads: int,
-                   device: torch.device, registry: Registry, log, resume: bool) -> Path:
-    from xmcbench import runner
-
-    output = claimed.directory
-    config = dataclasses.replace(plan.config, device=str(device))   # what the method computes on
-    weights = runner.propensities(dataset, config)   # the dataset's, before any label is held out of training
-    dataset, held_out = runner.training_view(dataset, config, registry.method(plan.method), log)
-    num_labels = dataset.num_labels
-    features = reads_features(method, dataset)
-    inputs = f"the dataset's sparse features ({dataset.train_features.shape[1]} columns)" if features else "texts"
-    log(f"{plan.method} on {dataset.name}: {dataset.train_labels.shape[0]} train / {dataset.test_labels.shape[0]} "
-        f"test documents, {num_labels} labels, read as {inputs}; whole method "
-        f"{method.__module__}.{method.__qualname__}, device {device}, {threads} threads")
-    if plan.preset:
-        log(f"settings of the {plan.method} preset for {plan.preset} (--set and --config win over it)")
-    if "validation_size" in plan.derived:   # the one derived setting a whole method sees: its training rows
-        log(f"validation_size {plan.derived['validation_size'].value} derived from the data, as for every method "
-            f"without a preset for {dataset.name} (see config.json)")
-    if dataset.report:
-        log("input policies applied (see data_report.json): "
-            + ", ".join(f"{key} {value}" for key, value in sorted(dataset.report.items())))
-    seed_everything(config.seed)
-    train_rows, validation_rows = runner.split_train_rows(dataset, config)
-    run_labels = label_info(dataset, config, train_rows, weights)
-    output.mkdir(parents=True, exist_ok=True)
-    if resume:
-        log(f"resuming {output}: {plan.method} continues from its checkpoint")
-    else:
-        runner.write_run_config(output, plan, dataset, registry, {
-            "num_labels": num_labels, "threads": threads, "device": str(device), "processes": 1,
-            "train_docs": len(train_rows), "validation_docs": len(validation_rows),
-            "whole_method": f"{method.__module__}.{method.__qualname__}", "deterministic": method.deterministic,
-            "inputs": "features" if features else "texts", **({"zero_shot_labels": held_out} if held_out else {})},
-            packages=method.packages)
-
-    started = time.perf_counter()
-    fit = method.fit_features if features else method.fit
-    checkpoints = output / "checkpoints"
-    model = call_factory(fit, documents_of(dataset, "train", train_rows, features),
-                         dataset.train_labels[train_rows][:, :num_labels].tocsr(), num_labels, config, log,
-                         label_info=run_labels, checkpoint_dir=checkpoints)
-    train_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    predictions = predict(model, documents_of(dataset, "test", None, features), config.top_k)
-    predict_seconds = time.perf_counter() - started
-    validation_predictions = None
-    if len(validation_rows):   # for ensembles, which choose member weights on these rows, never on test
-        validation_predictions = predict(model, documents_of(dataset, "train", validation_rows, features),
-                                         config.top_k)
-
-    metrics = runner.score(predictions, dataset.test_labels, None, weights, config.eval_ks, filtered=dataset.test_filter,
-                           zero_shot=runner.zero_shot_mask(run_labels.counts, num_labels, len(dataset.label_names)))
-    save_model_dir(output / "model", model, plan.method, config, dataset.label_names[:num_labels], run_labels)
-    # one pass over the training documents: the ms/document/epoch of a component method's run
-    runner.write_results(output, dataset, metrics, predictions, validation_predictions, validation_rows, train_seconds,
-                         len(train_rows), predict_seconds, resume, device)
-    if not config.keep_checkpoint:
-        shutil.rmtree(checkpoints, ignore_errors=True)
-    return claimed.finish()
 
 
 # -- the model folder -------------------------------------------------------------------------------
@@ -258,8 +161,8 @@ def load_model_dir(directory: Path, registry: Registry) -> tuple[WholeMethod, Tr
     directory = _model_folder(directory)
     path = directory / "model.json"
     meta = read_signed_description(path, SCHEMA_VERSION, REQUIRED_KEYS)
-    label_names = _read_labels(directory, meta["num_labels"])
-    _verify_files(directory, meta)
+    label_names = read_labels(directory, meta["num_labels"])
+    verify_files(directory, meta)
     name = meta["whole_method"]
     spec = registry.methods.get(name)
     if spec is None or spec.value.whole_method is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from xmcbench.data import Dataset, _dataset_files, load_dataset_from_path
+from xmcbench.data import Dataset, dataset_files, load_dataset_from_path
 from xmcbench.errors import XmcError
 from xmcbench.formats import DataFormat, FormatOptions, label_lists, write_label_table
 from xmcbench.storage import atomic_write
@@ -21,7 +21,7 @@ def is_raw_text_folder(path: Path) -> bool:
     if not path.is_dir():
         return False
     try:
-        _, missing = _dataset_files(path)
+        _, missing = dataset_files(path)
     except XmcError:   # train_raw_texts.txt without test_raw_texts.txt: this layout, read() says what is wrong
         return True
     return not missing

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from xmcbench import label_index, runner
+from xmcbench import label_index
 from xmcbench.config import Stage
 from xmcbench.interfaces import EpochContext, LabelClusters, LabelInfo
 from xmcbench.registry import build_registry
@@ -21,6 +21,9 @@ from xmcbench.testing import check_component, check_method, make_tiny_transforme
 from xmcbench_dual.components import IndexNegatives, build_dual_tower, build_index_negatives, build_label_index
 from xmcbench_dual.encoder import build_transformer_mean
 from xmcbench_dual.losses import decoupled_softmax, triplet_margin
+from xmcbench.runs import launch
+from xmcbench.runs.plan import plan_run
+from xmcbench.saved import predict_texts
 
 
 @pytest.fixture(autouse=True)
@@ -68,8 +71,8 @@ def test_above_the_exact_threshold_the_index_is_a_saved_graph(registry, tiny_mod
     check_method(registry, "dual", tiny(tiny_model))     # save -> load -> the same predictions, search included
     data = write_tiny_dataset(tmp_path / "data")
     write_tiny_label_texts(data)
-    plan = runner.plan_run(registry, "dual", str(data), set_options=tiny(tiny_model, "epochs=1", "threads=1"), seed=0)
-    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    plan = plan_run(registry, "dual", str(data), set_options=tiny(tiny_model, "epochs=1", "threads=1"), seed=0)
+    run_dir = launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     saved = json.loads((run_dir / "model" / "model.json").read_text())["files"]
     assert {"components/recaller/label_index.faiss", "components/recaller/label_index.json"} <= set(saved)
 
@@ -192,23 +195,23 @@ def test_one_positive_drawn_per_document_is_shared_in_batch():
 # -- settings -------------------------------------------------------------------------------------------------
 
 def test_presets_name_their_published_settings(registry):
-    plan = runner.plan_run(registry, "dual", "LF-AmazonTitles-131K")   # a preset: no data read
+    plan = plan_run(registry, "dual", "LF-AmazonTitles-131K")   # a preset: no data read
     assert plan.preset == "lfamazontitles131k"
     config = plan.config
     assert (config.model_name, config.max_length, config.batch_size, config.lr, config.epochs) == \
         ("distilbert-base-uncased", 32, 3000, 3e-4, 100)
     assert config.options["tau"] == 0.05 and config.options["mine_from_epoch"] == 5
-    ngame = runner.plan_run(registry, "dual-ngame", "LF-WikiSeeAlso-320K").config
+    ngame = plan_run(registry, "dual-ngame", "LF-WikiSeeAlso-320K").config
     assert (ngame.max_length, ngame.batch_size, ngame.options["loss"], ngame.options["margin"]) == \
         (128, 350, "triplet", 0.3)
 
 
 def test_a_dataset_without_preset_derives_its_mining_schedule(registry, tiny_model, tmp_path):
     data = write_tiny_dataset(tmp_path / "data")
-    plan = runner.plan_run(registry, "dual", str(data), set_options=tiny(tiny_model))
+    plan = plan_run(registry, "dual", str(data), set_options=tiny(tiny_model))
     assert plan.config.options["mine_from_epoch"] == 1 and plan.config.options["refresh_every"] == 2
     assert {"options.mine_from_epoch", "options.refresh_every"} <= set(plan.derived)
-    mine = runner.plan_run(registry, "dual", str(data), set_options=tiny(tiny_model, "options.refresh_every=3"))
+    mine = plan_run(registry, "dual", str(data), set_options=tiny(tiny_model, "options.refresh_every=3"))
     assert mine.config.options["refresh_every"] == 3, "what the user sets wins over what is derived"
 
 
@@ -216,16 +219,16 @@ def test_a_dataset_without_preset_derives_its_mining_schedule(registry, tiny_mod
 def test_a_run_predicts_from_label_texts(registry, tiny_model, tmp_path):
     data = write_tiny_dataset(tmp_path / "data")
     write_tiny_label_texts(data)
-    plan = runner.plan_run(registry, "dual", str(data), set_options=tiny(tiny_model, "epochs=2", "threads=1"), seed=0)
-    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    plan = plan_run(registry, "dual", str(data), set_options=tiny(tiny_model, "epochs=2", "threads=1"), seed=0)
+    run_dir = launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     config = json.loads((run_dir / "config.json").read_text())
     assert config["resolved"]["components"] == {"encoder": "transformer-mean", "recaller": "label-index",
                                                 "ranker": "dual-tower", "sampler": "index-negatives"}
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert 0 <= metrics["P@1"] <= 100
-    found = runner.predict_texts(run_dir, ["python interpreter module script"], top_k=3, registry=registry)[0]
+    found = predict_texts(run_dir, ["python interpreter module script"], top_k=3, registry=registry)[0]
     assert len(found["labels"]) == 3 and np.all(np.diff(found["scores"]) <= 0)
     # an exact index writes no file: a copy of the model that drops the empty folder (git does) predicts the same
     (run_dir / "model" / "components" / "recaller").rmdir()
-    again = runner.predict_texts(run_dir, ["python interpreter module script"], top_k=3, registry=registry)[0]
+    again = predict_texts(run_dir, ["python interpreter module script"], top_k=3, registry=registry)[0]
     assert again["labels"] == found["labels"]

@@ -17,7 +17,6 @@ import pytest
 from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
-from xmcbench import runner
 from xmcbench.cli import app
 from xmcbench.config import resolve_config
 from xmcbench.errors import XmcError
@@ -29,6 +28,13 @@ from xmcbench_linear.methods import linear_methods
 from xmcbench_linear.omikuji_trees import OmikujiTrees
 from xmcbench_linear.ovr import OneVsRestSVM
 from xmcbench_linear.plt import NapkinPLT
+from xmcbench import saved as saved_models
+from xmcbench.runs import launch
+from xmcbench.formats import open_dataset
+from xmcbench.rundir import VALIDATION_PREDICTIONS_FILE
+from xmcbench.runs.plan import plan_run
+from xmcbench.runs.splits import split_train_rows
+from xmcbench.saved import predict_texts
 
 METHODS = {spec.name: spec for spec in linear_methods()}
 # settings that make the tiny dataset's 8 labels grow real trees (the defaults keep them in one leaf)
@@ -145,9 +151,9 @@ def test_bonsai_and_parabel_differ_only_in_their_documented_settings():
     ("parabel", ["options.tfidf_min_df=0"], "options.tfidf_min_df=0 is out of range; it must be at least 1"),
 ])
 def test_bad_settings_are_refused_in_one_line(registry, dataset_dir, tmp_path, method, options, message):
-    plan = runner.plan_run(registry, method, str(dataset_dir), set_options=options)
+    plan = plan_run(registry, method, str(dataset_dir), set_options=options)
     with pytest.raises(XmcError, match=message):
-        runner.run(plan, tmp_path / "out", registry=registry, log=lambda line: None)
+        launch.run(plan, tmp_path / "out", registry=registry, log=lambda line: None)
     assert not (tmp_path / "out").exists()
 
 
@@ -156,10 +162,10 @@ def test_a_missing_backend_is_listed_and_named_with_its_extra(registry, dataset_
                                                                module, extra):
     monkeypatch.setitem(sys.modules, module, None)   # what an environment without the backend looks like
     assert method in build_registry().methods
-    plan = runner.plan_run(registry, method, str(dataset_dir))
+    plan = plan_run(registry, method, str(dataset_dir))
     with pytest.raises(XmcError, match=f"needs {module}, which is not installed: "
                                        f"pip install 'xmcbench-linear\\[{extra}\\]'$"):
-        runner.run(plan, tmp_path / "out", registry=registry, log=lambda line: None)
+        launch.run(plan, tmp_path / "out", registry=registry, log=lambda line: None)
     assert not (tmp_path / "out").exists()
 
 
@@ -167,20 +173,20 @@ def test_a_missing_backend_is_listed_and_named_with_its_extra(registry, dataset_
 
 @pytest.mark.parametrize("method", ["plt", "parabel"])
 def test_a_tiny_run_writes_the_run_directory_and_serves_predict(registry, dataset_dir, tmp_path, capfd, method):
-    plan = runner.plan_run(registry, method, str(dataset_dir), set_options=["validation_size=16", "threads=1"])
-    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    plan = plan_run(registry, method, str(dataset_dir), set_options=["validation_size=16", "threads=1"])
+    run_dir = launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["P@1"] > 50   # the tiny dataset's words name its labels
-    validation = load_file(str(run_dir / runner.VALIDATION_PREDICTIONS_FILE))
-    dataset = runner.open_dataset(registry, str(dataset_dir))
-    assert np.array_equal(validation["rows"], runner.split_train_rows(dataset, plan.config)[1])
+    validation = load_file(str(run_dir / VALIDATION_PREDICTIONS_FILE))
+    dataset = open_dataset(registry, str(dataset_dir))
+    assert np.array_equal(validation["rows"], split_train_rows(dataset, plan.config)[1])
     assert validation["labels"].shape == (16, plan.config.top_k)
     assert not pickles_in(run_dir / "model") and (run_dir / "model" / "method" / "backend").is_dir()
     capfd.readouterr()
-    found = runner.predict_texts(run_dir, ["python interpreter module pip", ""], top_k=3, registry=registry)
+    found = predict_texts(run_dir, ["python interpreter module pip", ""], top_k=3, registry=registry)
     assert found[0]["labels"][0] == "lang:python" and len(found) == 2
     assert capfd.readouterr().out == ""   # the backend's own log never reaches stdout (predict writes JSON there)
-    assert runner.evaluate_run(run_dir, registry=registry)["P@1"] == metrics["P@1"]
+    assert saved_models.evaluate(run_dir, registry=registry)["P@1"] == metrics["P@1"]
 
 
 def test_ovr_fits_the_same_model_with_any_number_of_worker_processes(dataset_dir):
@@ -256,21 +262,21 @@ def write_bag_of_words(raw: Path, folder: Path) -> Path:
 def test_a_dataset_of_sparse_features_trains_and_scores_the_linear_methods_and_refuses_the_others(
         registry, dataset_dir, tmp_path):
     bow = write_bag_of_words(dataset_dir, tmp_path / "bow")
-    plan = runner.plan_run(registry, "plt", str(bow), set_options=["validation_size=10"])
+    plan = plan_run(registry, "plt", str(bow), set_options=["validation_size=10"])
     logged = []
-    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=logged.append)
+    run_dir = launch.run(plan, tmp_path / "run", registry=registry, log=logged.append)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["P@1"] > 30   # the tiny dataset's words predict its labels
     assert json.loads((run_dir / "config.json").read_text())["resolved"]["inputs"] == "features"
     assert any("no TF-IDF" in line for line in logged)
     assert (run_dir / "validation_predictions.safetensors").is_file()
-    assert runner.evaluate_run(run_dir, registry=registry)["P@1"] == pytest.approx(metrics["P@1"])
+    assert saved_models.evaluate(run_dir, registry=registry)["P@1"] == pytest.approx(metrics["P@1"])
 
     with pytest.raises(XmcError) as error:   # the model reads feature columns, not texts
-        runner.predict_texts(run_dir, ["some text"], top_k=3, registry=registry)
+        predict_texts(run_dir, ["some text"], top_k=3, registry=registry)
     assert "fitted on a dataset's sparse features" in str(error.value) and "\n" not in str(error.value)
     with pytest.raises(XmcError) as error:   # a transformer method has nothing to read
-        runner.plan_run(registry, "lightxml", str(bow))
+        plan_run(registry, "lightxml", str(bow))
     message = str(error.value)
     assert "has sparse features but no texts, and lightxml reads texts" in message and "plt" in message
     assert "\n" not in message

@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from xmcbench import runner
 from xmcbench.errors import XmcError
 from xmcbench.registry import build_registry
 from xmcbench.testing import check_component, check_encoder, make_tiny_transformer, tiny_config, write_tiny_dataset
 from xmcbench_xmlcnn.encoder import XMLCNNEncoder, build_xmlcnn
+from xmcbench import saved as saved_models
+from xmcbench.runs import launch
+from xmcbench.runs.plan import plan_run
 
 # small shapes so every test takes well under a second per forward pass
 SMALL = {"xmlcnn_emb_dim": 16, "xmlcnn_num_filters": 4, "xmlcnn_pool_chunks": 3, "xmlcnn_hidden": 12}
@@ -195,9 +197,9 @@ def test_tiny_run_trains_scores_and_reloads(registry, tmp_path, method, extra):
     dataset = write_tiny_dataset(tmp_path / "tiny-topics")
     options = ["epochs=2", "batch_size=8", "max_length=32", "hidden_size=8", "threads=1", *extra,
                *(f"options.{key}={value}" for key, value in SMALL.items())]
-    plan = runner.plan_run(registry, method, str(dataset), set_options=options)
+    plan = plan_run(registry, method, str(dataset), set_options=options)
     assert plan.config.encoder == "xml-cnn"
-    run_dir = runner.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    run_dir = launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
 
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert 0 <= metrics["P@1"] <= 100 and "nDCG@3" in metrics and "PSP@5" in metrics
@@ -206,4 +208,4 @@ def test_tiny_run_trains_scores_and_reloads(registry, tmp_path, method, extra):
                  "model/encoder/tokenizer.json"):
         assert (run_dir / name).is_file(), name
     # the saved model rebuilds offline from its own folder and scores the same
-    assert runner.evaluate_run(run_dir, registry=registry)["P@1"] == pytest.approx(metrics["P@1"])
+    assert saved_models.evaluate(run_dir, registry=registry)["P@1"] == pytest.approx(metrics["P@1"])
