@@ -187,7 +187,8 @@ def test_a_family_where_lower_is_better_marks_its_lowest_mean_best(tmp_path):
     families = (*BUILTIN_FAMILIES, miss)
     rows = {row["method"]: row for row in report.summarize(runs, families=families)}
     assert "Miss@1" in rows["lightxml"]["best"] and "Miss@1" not in rows["lightxml-static"]["best"]
-    assert "Miss@1" in json.loads(report.render_table(list(rows.values()), "json", families=families))["lower_is_better"]
+    rendered = json.loads(report.render_table(list(rows.values()), "json", families=families))
+    assert "Miss@1" in rendered["lower_is_better"]
     assert "Miss@1" in {row["method"]: row for row in report.summarize(runs)}["lightxml-static"]["best"]   # unknown
 
 
@@ -201,6 +202,7 @@ def test_a_family_where_lower_is_better_marks_its_lowest_mean_best(tmp_path):
     (MetricFamily("coverage", "d", hit_rate, at_k=False), "none of coverage, frequency_bins, zero_shot"),
     (MetricFamily("Hit", "d", "not callable"), "give it compute(ranking) that is callable"),
     (MetricFamily("Hit", " ", hit_rate), "give it a description (one line of text)"),
+    (MetricFamily("Hit", "two\nlines", hit_rate), "give it a description (one line of text)"),
     (MetricFamily("MRR", "d", hit_rate, at_k=False, selectable=True), "give it at_k=True to be selectable"),
 ])
 def test_a_bad_metric_family_fails_its_plugin_in_one_line(family, error):
@@ -215,7 +217,8 @@ def test_a_family_registered_twice_is_rejected_alone():
     registry = build_registry(extra_plugins=[("hits", plugin_adding(HIT)), ("clash", plugin_adding(other, found))],
                               load_entry_points=False)
     (failure,) = registry.failures_of("clash")
-    assert "metric family 'Hit' is registered twice: by hits (<in-process>) and by clash (<in-process>)" in failure.error
+    assert "metric family 'Hit' is registered twice: by hits (<in-process>) and by clash (<in-process>)" in \
+        failure.error
     assert registry.metric_families() == (HIT, found)
 
 

@@ -5,6 +5,11 @@ Definitions follow pyxclib and the Extreme Classification Repository, so numbers
 published tables. Everything works on a (N, K) array of predicted label ids and a sparse (N, L) truth
 matrix; nothing dense of shape (N, L) is ever built, so N = 1e5 documents and L = 5e5 labels are fine.
 
+The @k metrics come in families (MetricFamily: P is P@1, P@3, ...), each computed from one Ranking. xmcbench's
+own are BUILTIN_FAMILIES, which its built-in plugin registers; a plugin adds one through the
+xmcbench_register_metrics hook, and evaluate, format_metrics and selection_metrics take a registry's
+`metric_families()` as `families` (the built-in ones when none are given).
+
 Frequency bins (FREQUENCY_BINS), by the number of training documents of a label:
 0 | 1 | 2-3 | 4-10 | 11-30 | 31-100 | 101-300 | 301-1000 | >1000.
 XMC label frequencies follow a power law, so the bins are half-decades (each about sqrt(10) times the

@@ -162,7 +162,7 @@ class Registry:
         self.formats: dict[str, Entry] = {}   # data formats (xmcbench.formats.DataFormat) by name
         self.loggers: dict[str, Entry] = {}   # training loggers (LoggerSpec) by name, for `--set loggers=...`
         self.executors: dict[str, Entry] = {}   # grid executors (ExecutorSpec) by name, for `compare --executor`
-        self.metrics: dict[str, Entry] = {}   # metric families (xmcbench.metrics.MetricFamily) by name: see metric_families
+        self.metrics: dict[str, Entry] = {}   # metric families (xmcbench.metrics.MetricFamily) by name
         self.plugins: list[PluginInfo] = []
         # plugins not loaded, each with a one-line error, and names rejected (RejectedName) of loaded plugins
         self.failed: list[FailedPlugin] = []
@@ -291,7 +291,7 @@ class Registry:
                        f"not {family.name!r}")
         elif not callable(family.compute):
             problem = f"compute(ranking) that is callable, not {_short_repr(family.compute)}"
-        elif not isinstance(family.description, str) or not family.description.strip():
+        elif not isinstance(family.description, str) or len(family.description.strip().splitlines()) != 1:
             problem = f"a description (one line of text), not {_short_repr(family.description)}"
         elif family.selectable and not family.at_k:
             problem = "at_k=True to be selectable (validation scores one cut-off)"
