@@ -185,8 +185,9 @@ def compare(registry: Registry, methods: list[str], dataset: str | None, seeds: 
             log=print, fusion: str = "sum", reading: FormatOptions | None = None,
             executor: Executor | None = None) -> Path:
     """Run the missing cells under output/runs, optionally ensembles under output/ensembles (ensemble_members:
-    each method's seeds with fusion "sum", all methods per seed with "weighted"), and write output/report.md;
-    return its path. executor: runs the missing cells (run_cells)."""
+    each method's seeds with fusion "sum", all methods per seed with "weighted"), and write output/report.md (its
+    metric columns in the order of the registry's metric families); return its path. executor: runs the missing
+    cells (run_cells)."""
     from xmcbench.ensemble import build_ensemble, check_fusion
     from xmcbench.report import load_runs, write_report
 
@@ -206,4 +207,5 @@ def compare(registry: Registry, methods: list[str], dataset: str | None, seeds: 
             if not (target / FINISHED_MARKER).exists():
                 build_ensemble(paths, target, fusion=fusion, registry=registry, log=log)
             run_dirs.append(target)
-    return write_report(load_runs(run_dirs), output, baseline=baseline, fmt=fmt, command=command)
+    return write_report(load_runs(run_dirs), output, baseline=baseline, fmt=fmt, command=command,
+                        families=registry.metric_families())

@@ -97,3 +97,15 @@ def xmcbench_register_executors(registry):
     `pip install 'xmcbench[EXTRA]'` when the engine is missing); `extra` names that pip extra for `xmcbench
     plugins`. `xmcbench.testing.check_executor` checks a factory against this contract.
     """
+
+
+@hookspec
+def xmcbench_register_metrics(registry):
+    """Register metric families: what `xmcbench.metrics.evaluate` computes from a ranking, e.g. P (P@1, P@3, ...).
+
+    Call `registry.add_metric_family(MetricFamily(...))`; see `xmcbench.metrics.MetricFamily`: a name (its keys
+    are NAME@K), a one-line description, whether it is computed at each cut-off k, whether higher is better,
+    whether it needs propensities, whether it may select the epoch (`selection_metric`), and
+    `compute(ranking)`, which returns {key: value} from an `xmcbench.metrics.Ranking` (the top predictions, their
+    hits, the truth, the cut-offs, the inverse propensities, and the sums the built-in families share).
+    """

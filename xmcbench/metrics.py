@@ -5,6 +5,11 @@ Definitions follow pyxclib and the Extreme Classification Repository, so numbers
 published tables. Everything works on a (N, K) array of predicted label ids and a sparse (N, L) truth
 matrix; nothing dense of shape (N, L) is ever built, so N = 1e5 documents and L = 5e5 labels are fine.
 
+The @k metrics come in families (MetricFamily: P is P@1, P@3, ...), each computed from one Ranking. xmcbench's
+own are BUILTIN_FAMILIES, which its built-in plugin registers; a plugin adds one through the
+xmcbench_register_metrics hook, and evaluate, format_metrics and selection_metrics take a registry's
+`metric_families()` as `families` (the built-in ones when none are given).
+
 Frequency bins (FREQUENCY_BINS), by the number of training documents of a label:
 0 | 1 | 2-3 | 4-10 | 11-30 | 31-100 | 101-300 | 301-1000 | >1000.
 XMC label frequencies follow a power law, so the bins are half-decades (each about sqrt(10) times the
@@ -17,15 +22,19 @@ every method, seed and dataset the same way, so their contributions line up in o
 
 from __future__ import annotations
 
+import functools
+import numbers
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse
 
 from xmcbench.errors import XmcError
 
-__all__ = ["propensity_scores", "top_k", "evaluate", "format_metrics", "FREQUENCY_BINS", "frequency_bin_names"]
+__all__ = ["propensity_scores", "top_k", "evaluate", "format_metrics", "FREQUENCY_BINS", "frequency_bin_names",
+           "MetricFamily", "Ranking", "BUILTIN_FAMILIES", "selection_metrics", "metric_order", "parse_at_k"]
 
 # (fewest, most) training documents of the labels in a bin; None: no upper end. See the module docstring.
 FREQUENCY_BINS = ((0, 0), (1, 1), (2, 3), (4, 10), (11, 30), (31, 100), (101, 300), (301, 1000), (1001, None))
@@ -198,6 +207,7 @@ def evaluate(
     recalled_truth: scipy.sparse.csr_matrix | None = None,
     label_counts: np.ndarray | None = None,
     zero_shot: np.ndarray | None = None,
+    families: Sequence[MetricFamily] | None = None,
 ) -> dict:
     """Score a top-K prediction against sparse ground truth; all values are percentages in [0, 100].
 
@@ -214,6 +224,9 @@ def evaluate(
         PSP@k) over FREQUENCY_BINS at k = 5 when 5 is in ks, else at k = max(ks) (below).
     zero_shot: (L_total,) bool, True for the labels no training document of the model carried; adds "zero_shot"
         when some test positive has such a label (below).
+    families: the metric families to compute, in the order of their keys in the result (a registry's
+        `metric_families()`); None: BUILTIN_FAMILIES, the ones defined below. A family that needs propensities
+        is left out without inv_propensity.
 
     Definitions (as in pyxclib and the Extreme Classification Repository):
     - P@k: mean over all N docs of hits in the top k / k.
@@ -246,8 +259,8 @@ def evaluate(
       labels among the top k / k) and "R@k" (mean over them of the zero-shot positives found in the top k / their
       zero-shot positives)}: the generalised zero-shot figures, every label competing with every other. A method
       that cannot score a label without training documents scores 0 there.
-    Returns a dict with keys 'P@k', 'nDCG@k', ['PSP@k', 'PSnDCG@k'], 'R@k', ['PSR@k'], ['coverage'],
-    ['frequency_bins'], ['zero_shot'];
+    Returns a dict with keys 'P@k', 'nDCG@k', ['PSP@k', 'PSnDCG@k'], 'R@k', ['PSR@k'] (with families given: each
+    family's keys, family by family), ['coverage'], ['frequency_bins'], ['zero_shot'];
     every value but frequency_bins and zero_shot is a float.
     """
     ks = _check_ks(ks)
@@ -270,64 +283,24 @@ def evaluate(
     if low < -1 or high >= num_labels:
         raise XmcError(f"predicted label ids must lie in [-1, {num_labels - 1}] (truth columns), got {low}..{high}")
 
-    hits = _gather_hits(predicted, truth)  # (N, k_max)
-    num_relevant = np.diff(truth.indptr)  # (N,)
-    discounts = 1.0 / np.log2(np.arange(2, k_max + 2))  # (k_max,)
-    # unit_idcg[j] = IDCG of a doc with j relevant labels at a cut-off >= j
-    unit_idcg = np.concatenate(([0.0], np.cumsum(discounts)))  # (k_max + 1,)
-    # Every metric needs its per-document sums only at the cut-offs in ks, not at all k_max ranks: sum the
-    # column blocks between consecutive cut-offs and accumulate those, so large k (R@100) costs no (N, k_max)
-    # cumulative arrays.
-    starts = [0] + ks[:-1]
-
-    def at_ks(values: np.ndarray) -> np.ndarray:
-        """(N, k_max) -> (N, len(ks)): per doc, the sum of the first k columns for each k in ks."""
-        return np.cumsum(np.add.reduceat(values, starts, axis=1, dtype=np.float64), axis=1)
-
-    def unit_idcg_at(k: int) -> np.ndarray:
-        return unit_idcg[np.minimum(num_relevant, k)]  # (N,)
-
-    def mean_ndcg(dcg: np.ndarray, k: int) -> float:
-        """Mean over all N docs of DCG / unit IDCG@k; docs without relevant labels count as 0."""
-        norm = unit_idcg_at(k)
-        return float(np.mean(np.divide(dcg, norm, out=np.zeros(num_docs), where=norm > 0)))
-
-    hits_at = at_ks(hits)                              # (N, len(ks))
-    dcg_at = at_ks(hits * discounts)
-    recall_denominator = np.maximum(num_relevant, 1)   # (N,): 1 for docs without labels (their sums are 0)
-    has_labels = num_relevant > 0
-
-    metrics: dict = {}
-    for j, k in enumerate(ks):
-        metrics[f"P@{k}"] = float(100.0 * np.mean(hits_at[:, j] / k))
-    for j, k in enumerate(ks):
-        metrics[f"nDCG@{k}"] = 100.0 * mean_ndcg(dcg_at[:, j], k)
-
-    bins_k = 5 if 5 in ks else k_max   # the head/tail split of P@5 (see FREQUENCY_BINS) when 5 is asked for
-    gains = ideal_total = None
+    weights = None
     if inv_propensity is not None:
         weights = np.asarray(inv_propensity, dtype=np.float64)
         if weights.shape != (num_labels,):
             raise XmcError(f"inv_propensity has shape {weights.shape} but truth has {num_labels} columns; expected ({num_labels},)")
         if not np.all(np.isfinite(weights)) or np.any(weights < 0):
             raise XmcError("inv_propensity must be finite and non-negative")
-        gains = np.where(hits, weights[np.maximum(predicted, 0)], 0.0)  # (N, k_max)
-        gain_at, psdcg_at = at_ks(gains), at_ks(gains * discounts)
-        ideal_at, ideal_psdcg_at = _ideal_sums(truth, weights, ks)     # (N, len(ks)) each
-        ideal_total = float(np.sum(ideal_at[:, ks.index(bins_k)]))
-        for j, k in enumerate(ks):
-            # The 1/k and 1/N of the pyxclib form cancel in the ratio; kept for a one-to-one reading.
-            metrics[f"PSP@{k}"] = _safe_ratio(np.mean(gain_at[:, j] / k), np.mean(ideal_at[:, j] / k))
-        for j, k in enumerate(ks):
-            metrics[f"PSnDCG@{k}"] = _safe_ratio(mean_ndcg(psdcg_at[:, j], k), mean_ndcg(ideal_psdcg_at[:, j], k))
 
-    for j, k in enumerate(ks):
-        recall = hits_at[has_labels, j] / num_relevant[has_labels]
-        metrics[f"R@{k}"] = float(100.0 * np.mean(recall)) if recall.size else 0.0
-    if inv_propensity is not None:
-        for j, k in enumerate(ks):
-            metrics[f"PSR@{k}"] = _safe_ratio(np.mean(gain_at[:, j] / recall_denominator),
-                                              np.mean(ideal_at[:, j] / recall_denominator))
+    ranking = Ranking(predicted, _gather_hits(predicted, truth), truth, ks, weights)
+    metrics: dict = {}
+    for family in BUILTIN_FAMILIES if families is None else families:
+        if weights is not None or not family.needs_propensities:
+            metrics.update(_values_of(family, ranking))
+
+    bins_k = 5 if 5 in ks else k_max   # the head/tail split of P@5 (see FREQUENCY_BINS) when 5 is asked for
+    gains = ideal_total = None
+    if weights is not None:
+        gains, ideal_total = ranking.gains, float(np.sum(ranking.ideal_at[:, ks.index(bins_k)]))
 
     if recalled_truth is not None:
         recalled = _binary_csr(recalled_truth, "recalled_truth")
@@ -335,9 +308,10 @@ def evaluate(
             raise XmcError(f"recalled_truth has shape {recalled.shape} but truth has shape {truth.shape}")
         metrics["coverage"] = _safe_ratio(recalled.nnz, truth.nnz)
     if label_counts is not None:
-        metrics["frequency_bins"] = _frequency_bins(predicted, hits, truth, label_counts, bins_k, gains, ideal_total)
+        metrics["frequency_bins"] = _frequency_bins(predicted, ranking.hits, truth, label_counts, bins_k, gains,
+                                                    ideal_total)
     if zero_shot is not None:
-        figures = _zero_shot(predicted, hits, truth, np.asarray(zero_shot, dtype=bool), ks)
+        figures = _zero_shot(predicted, ranking.hits, truth, np.asarray(zero_shot, dtype=bool), ks)
         if figures is not None:
             metrics["zero_shot"] = figures
     return metrics
@@ -365,23 +339,224 @@ def _zero_shot(predicted: np.ndarray, hits: np.ndarray, truth: scipy.sparse.csr_
     return figures
 
 
-_FAMILIES = ("P", "nDCG", "PSP", "PSnDCG", "R", "PSR")
+# -- metric families ------------------------------------------------------------------------------------
+
+class Ranking:
+    """What a metric family computes from (MetricFamily.compute): one evaluation's predictions and truth, and
+    the sums the built-in families share, each computed once, on first use.
+
+    predicted: (N, k_max) int64 label ids, best first, -1 for an empty slot; k_max = ks[-1].
+    hits: (N, k_max) bool, True where the predicted label is relevant (never for -1).
+    truth: (N, L) canonical csr, every stored value 1.
+    ks: the cut-offs, ascending, without repeats.
+    inv_propensity: (L,) float64 inverse propensities, or None (then no family that needs them is computed).
+    num_relevant: (N,) relevant labels per document.
+    discounts: (k_max,) the DCG discount 1 / log2(rank + 1) of each rank (from 1).
+    hits_at, dcg_at: (N, len(ks)) per document, the hits and the DCG of the top k for each k in ks.
+    gains, gain_at, psdcg_at: (N, k_max) inverse propensity of each hit (0 elsewhere); (N, len(ks)) their sums
+        and their DCG at each k. ideal_at, ideal_psdcg_at: (N, len(ks)) the same for the ideal ranking (each
+        document's relevant labels by descending inverse propensity). These need inv_propensity.
+    """
+
+    def __init__(self, predicted: np.ndarray, hits: np.ndarray, truth: scipy.sparse.csr_matrix, ks: list[int],
+                 inv_propensity: np.ndarray | None) -> None:
+        self.predicted, self.hits, self.truth, self.ks, self.inv_propensity = predicted, hits, truth, ks, inv_propensity
+        self.num_relevant = np.diff(truth.indptr)
+        self.discounts = 1.0 / np.log2(np.arange(2, ks[-1] + 2))
+        # unit_idcg[j] = IDCG of a doc with j relevant labels at a cut-off >= j
+        self._unit_idcg = np.concatenate(([0.0], np.cumsum(self.discounts)))   # (k_max + 1,)
+
+    def at_ks(self, values: np.ndarray) -> np.ndarray:
+        """(N, k_max) -> (N, len(ks)): per doc, the sum of the first k columns for each k in ks.
+
+        Sums the column blocks between consecutive cut-offs and accumulates those, so a large k (R@100) costs
+        no (N, k_max) cumulative array."""
+        return np.cumsum(np.add.reduceat(values, [0] + self.ks[:-1], axis=1, dtype=np.float64), axis=1)
+
+    def mean_ndcg(self, dcg: np.ndarray, k: int) -> float:
+        """Mean over all N docs of dcg (N,) / the unit IDCG@k; docs without relevant labels count as 0."""
+        norm = self._unit_idcg[np.minimum(self.num_relevant, k)]
+        return float(np.mean(np.divide(dcg, norm, out=np.zeros(len(self.num_relevant)), where=norm > 0)))
+
+    @functools.cached_property
+    def hits_at(self) -> np.ndarray:
+        return self.at_ks(self.hits)
+
+    @functools.cached_property
+    def dcg_at(self) -> np.ndarray:
+        return self.at_ks(self.hits * self.discounts)
+
+    def _weights(self) -> np.ndarray:
+        if self.inv_propensity is None:
+            raise XmcError("a metric family read the inverse propensities of an evaluation that has none; such a "
+                           "family is a MetricFamily(..., needs_propensities=True)")
+        return self.inv_propensity
+
+    @functools.cached_property
+    def gains(self) -> np.ndarray:
+        return np.where(self.hits, self._weights()[np.maximum(self.predicted, 0)], 0.0)
+
+    @functools.cached_property
+    def gain_at(self) -> np.ndarray:
+        return self.at_ks(self.gains)
+
+    @functools.cached_property
+    def psdcg_at(self) -> np.ndarray:
+        return self.at_ks(self.gains * self.discounts)
+
+    @functools.cached_property
+    def _ideal(self) -> tuple[np.ndarray, np.ndarray]:
+        return _ideal_sums(self.truth, self._weights(), self.ks)
+
+    @property
+    def ideal_at(self) -> np.ndarray:
+        return self._ideal[0]
+
+    @property
+    def ideal_psdcg_at(self) -> np.ndarray:
+        return self._ideal[1]
+
+
+@dataclass(frozen=True)
+class MetricFamily:
+    """A family of metrics that evaluate() computes, e.g. P: P@1, P@3, ... A plugin registers one with
+    `registry.add_metric_family` (hook xmcbench_register_metrics); BUILTIN_FAMILIES are xmcbench's own.
+
+    name: the stem of its keys, NAME@K (letters, digits, _), or the key itself when not at_k.
+    description: one line, for `xmcbench plugins`.
+    compute: compute(ranking: Ranking) -> {key: number}, exactly the family's keys: NAME@K for each k in
+        ranking.ks, or NAME alone.
+    at_k: one value per cut-off k; else one value per evaluation.
+    higher_is_better: reports mark the highest mean as best (else the lowest).
+    needs_propensities: computed only when the evaluation has inverse propensities (PSP@k).
+    selectable: NAME@1, NAME@3 and NAME@5 may be config.selection_metric, the validation metric that selects the
+        epoch (an at_k family only).
+    """
+
+    name: str
+    description: str
+    compute: Callable[[Ranking], dict]
+    at_k: bool = True
+    higher_is_better: bool = True
+    needs_propensities: bool = False
+    selectable: bool = False
+
+    def keys(self, ks: Sequence[int]) -> list[str]:
+        """Its keys in evaluate()'s result, in order, at the cut-offs ks (ascending)."""
+        return [f"{self.name}@{k}" for k in ks] if self.at_k else [self.name]
+
+
+def _values_of(family: MetricFamily, ranking: Ranking) -> dict[str, float]:
+    """family.compute(ranking) in the order of family.keys, each value a float; XmcError when it returns other keys."""
+    values = family.compute(ranking)
+    expected = family.keys(ranking.ks)
+    if not isinstance(values, dict) or set(values) != set(expected):
+        got = sorted(map(str, values)) if isinstance(values, dict) else type(values).__name__
+        raise XmcError(f"metric family {family.name!r} returned {got}; it must return a dict of exactly "
+                       f"{', '.join(expected)}")
+    wrong = next((key for key in expected if not isinstance(values[key], numbers.Real)
+                  or isinstance(values[key], bool)), None)
+    if wrong is not None:
+        raise XmcError(f"metric family {family.name!r} returned {values[wrong]!r} for {wrong}; give a number")
+    return {key: float(values[key]) for key in expected}
+
+
+# The built-in families; the definitions are evaluate()'s docstring.
+
+def _precision(ranking: Ranking) -> dict[str, float]:
+    return {f"P@{k}": float(100.0 * np.mean(ranking.hits_at[:, j] / k)) for j, k in enumerate(ranking.ks)}
+
+
+def _ndcg(ranking: Ranking) -> dict[str, float]:
+    return {f"nDCG@{k}": 100.0 * ranking.mean_ndcg(ranking.dcg_at[:, j], k) for j, k in enumerate(ranking.ks)}
+
+
+def _psp(ranking: Ranking) -> dict[str, float]:
+    # The 1/k and 1/N of the pyxclib form cancel in the ratio; kept for a one-to-one reading.
+    return {f"PSP@{k}": _safe_ratio(np.mean(ranking.gain_at[:, j] / k), np.mean(ranking.ideal_at[:, j] / k))
+            for j, k in enumerate(ranking.ks)}
+
+
+def _psndcg(ranking: Ranking) -> dict[str, float]:
+    return {f"PSnDCG@{k}": _safe_ratio(ranking.mean_ndcg(ranking.psdcg_at[:, j], k),
+                                       ranking.mean_ndcg(ranking.ideal_psdcg_at[:, j], k))
+            for j, k in enumerate(ranking.ks)}
+
+
+def _recall(ranking: Ranking) -> dict[str, float]:
+    has_labels = ranking.num_relevant > 0
+    values = {}
+    for j, k in enumerate(ranking.ks):
+        recall = ranking.hits_at[has_labels, j] / ranking.num_relevant[has_labels]
+        values[f"R@{k}"] = float(100.0 * np.mean(recall)) if recall.size else 0.0
+    return values
+
+
+def _psrecall(ranking: Ranking) -> dict[str, float]:
+    denominator = np.maximum(ranking.num_relevant, 1)   # (N,): 1 for docs without labels (their sums are 0)
+    return {f"PSR@{k}": _safe_ratio(np.mean(ranking.gain_at[:, j] / denominator),
+                                    np.mean(ranking.ideal_at[:, j] / denominator))
+            for j, k in enumerate(ranking.ks)}
+
+
+# In the order of evaluate()'s keys. The built-in plugin (plugins/xmcbench_metrics) registers these very objects.
+BUILTIN_FAMILIES = (
+    MetricFamily("P", "precision: hits in the top k / k, mean over documents", _precision, selectable=True),
+    MetricFamily("nDCG", "normalised discounted cumulative gain of the top k", _ndcg, selectable=True),
+    MetricFamily("PSP", "propensity-scored precision, normalised by the ideal ranking's", _psp,
+                 needs_propensities=True, selectable=True),
+    MetricFamily("PSnDCG", "propensity-scored nDCG, normalised by the ideal ranking's", _psndcg,
+                 needs_propensities=True, selectable=True),
+    MetricFamily("R", "recall: hits in the top k / relevant labels, mean over documents with labels", _recall,
+                 selectable=True),
+    MetricFamily("PSR", "propensity-scored recall, normalised by the ideal ranking's", _psrecall,
+                 needs_propensities=True),
+)
+SELECTION_KS = (1, 3, 5)   # the cut-offs at which a selectable family may select the epoch
+# evaluate()'s keys that no family makes: no family may be named so
+OTHER_KEYS = ("coverage", "frequency_bins", "zero_shot")
 _AT_K = re.compile(r"^(\w+)@(\d+)$")
 
 
-def format_metrics(metrics: dict) -> str:
+def parse_at_k(key: str) -> tuple[str, int] | None:
+    """("P", 5) for "P@5"; None for a key that is not NAME@K."""
+    match = _AT_K.match(key)
+    return (match.group(1), int(match.group(2))) if match else None
+
+
+def selection_metrics(families: Sequence[MetricFamily] | None = None) -> tuple[str, ...]:
+    """What config.selection_metric may name: NAME@k for k in SELECTION_KS of each selectable family, in family
+    order (families: a registry's `metric_families()`; None: BUILTIN_FAMILIES)."""
+    families = BUILTIN_FAMILIES if families is None else families
+    return tuple(f"{family.name}@{k}" for family in families if family.selectable for k in SELECTION_KS)
+
+
+def metric_order(families: Sequence[MetricFamily] | None = None) -> Callable[[str], tuple]:
+    """A sort key for metric names: the families' keys, family by family (in the order given) and by ascending k;
+    then coverage; then NAME@K keys of other families (a plugin's, read where its family is not at hand), by
+    name and k; then any other key by name. families: a registry's `metric_families()`; None: BUILTIN_FAMILIES."""
+    families = BUILTIN_FAMILIES if families is None else families
+    position = {family.name: (index, family.at_k) for index, family in enumerate(families)}
+
+    def order(key: str) -> tuple:
+        parsed = parse_at_k(key)
+        if parsed and position.get(parsed[0], (0, False))[1]:
+            return (0, position[parsed[0]][0], parsed[1])
+        if key in position and not position[key][1]:
+            return (0, position[key][0], 0)
+        if key == "coverage":
+            return (1,)
+        return (2, parsed[0], parsed[1]) if parsed else (3, key)
+
+    return order
+
+
+def format_metrics(metrics: dict, families: Sequence[MetricFamily] | None = None) -> str:
     """One-line human summary, e.g. 'P@1 82.31  P@3 55.10  P@5 40.02  nDCG@3 ...', in a fixed order, only keys present.
 
-    Order: P, nDCG, PSP, PSnDCG, R, PSR (each by ascending k), then coverage, then any other keys by name. Values
-    that are not numbers (frequency_bins, names, flags) are left out.
+    Order: metric_order(families): P, nDCG, PSP, PSnDCG, R, PSR (each by ascending k) with families None, then
+    coverage, then any other keys. Values that are not numbers (frequency_bins, names, flags) are left out.
     """
     metrics = {name: value for name, value in metrics.items()
                if isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)}
-
-    def order(name: str) -> tuple:
-        match = _AT_K.match(name)
-        if match and match.group(1) in _FAMILIES:
-            return (0, _FAMILIES.index(match.group(1)), int(match.group(2)), name)
-        return (1 if name == "coverage" else 2, 0, 0, name)
-
-    return "  ".join(f"{name} {metrics[name]:.2f}" for name in sorted(metrics, key=order))
+    return "  ".join(f"{name} {metrics[name]:.2f}" for name in sorted(metrics, key=metric_order(families)))

@@ -19,8 +19,8 @@ registered through a stand-in that marks its plain callables.
 Environment:
     XMCBENCH_DISABLE_PLUGIN_AUTOLOAD=1   load no entry point except those named in XMCBENCH_PLUGINS (the
                                          built-in `lightxml`, `xmcbench-datasets`, `xmcbench-formats`,
-                                         `xmcbench-loggers` and `xmcbench-executors` plugins are entry
-                                         points too).
+                                         `xmcbench-loggers`, `xmcbench-executors` and `xmcbench-metrics`
+                                         plugins are entry points too).
     XMCBENCH_PLUGINS=name1,name2         entry-point names to load explicitly; a name no installed package
                                          provides is reported as a failed plugin.
 """
@@ -148,8 +148,8 @@ def requested_plugins() -> list[str]:
 
 
 class Registry:
-    """Typed tables of components, methods, datasets, data formats, training loggers and grid executors, filled by
-    the plugins' hooks."""
+    """Typed tables of components, methods, datasets, data formats, training loggers, grid executors and metric
+    families, filled by the plugins' hooks."""
 
     def __init__(self) -> None:
         self.components: dict[str, dict[str, Entry]] = {kind: {} for kind in COMPONENT_KINDS}
@@ -162,6 +162,7 @@ class Registry:
         self.formats: dict[str, Entry] = {}   # data formats (xmcbench.formats.DataFormat) by name
         self.loggers: dict[str, Entry] = {}   # training loggers (LoggerSpec) by name, for `--set loggers=...`
         self.executors: dict[str, Entry] = {}   # grid executors (ExecutorSpec) by name, for `compare --executor`
+        self.metrics: dict[str, Entry] = {}   # metric families (xmcbench.metrics.MetricFamily) by name
         self.plugins: list[PluginInfo] = []
         # plugins not loaded, each with a one-line error, and names rejected (RejectedName) of loaded plugins
         self.failed: list[FailedPlugin] = []
@@ -274,6 +275,36 @@ class Registry:
         spec = ExecutorSpec(name, factory, self._check_named_factory("executor", name, factory, description, extra),
                             extra)
         self._add(self.executors, f"executor {name!r}", name, spec)
+
+    def add_metric_family(self, family) -> None:
+        """A family of metrics (`xmcbench.metrics.MetricFamily`) that evaluations compute, reports show and, when
+        selectable, `selection_metric` may name."""
+        from xmcbench.metrics import OTHER_KEYS, MetricFamily, parse_at_k
+
+        if not isinstance(family, MetricFamily):
+            raise RegistrationError(f"plugin {self._origin()} registers a metric family that is not an "
+                                    f"xmcbench.metrics.MetricFamily: {_short_repr(family)}")
+        self._check_name("a metric family", family.name)
+        problem = None
+        if parse_at_k(f"{family.name}@1") != (family.name, 1) or family.name in OTHER_KEYS:
+            problem = (f"a name of letters, digits and '_' (its keys are NAME@K), none of {', '.join(OTHER_KEYS)}, "
+                       f"not {family.name!r}")
+        elif not callable(family.compute):
+            problem = f"compute(ranking) that is callable, not {_short_repr(family.compute)}"
+        elif not isinstance(family.description, str) or len(family.description.strip().splitlines()) != 1:
+            problem = f"a description (one line of text), not {_short_repr(family.description)}"
+        elif family.selectable and not family.at_k:
+            problem = "at_k=True to be selectable (validation scores one cut-off)"
+        if problem:
+            raise RegistrationError(f"plugin {self._origin()} registers metric family {_short_repr(family.name)}: "
+                                    f"give it {problem}")
+        self._add(self.metrics, f"metric family {family.name!r}", family.name, family)
+
+    def metric_families(self) -> tuple:
+        """The registered `xmcbench.metrics.MetricFamily`s in the order they were registered (xmcbench's own
+        first): the order of their keys in metrics.json and in tables. The `families` of metrics.evaluate,
+        format_metrics, selection_metrics and the report's functions."""
+        return tuple(entry.value for entry in self.metrics.values())
 
     def _check_named_factory(self, what: str, name: str, factory: Any, description: Any, extra: Any) -> str:
         """Check a registration of a named factory with a description and an optional pip extra (loggers,

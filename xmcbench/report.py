@@ -30,12 +30,13 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from xmcbench.config import TrainConfig
 from xmcbench.errors import XmcError, closest_names_hint
+from xmcbench.metrics import BUILTIN_FAMILIES, MetricFamily, metric_order, parse_at_k
 from xmcbench.rundir import model_bytes
 from xmcbench.storage import atomic_write
 
@@ -50,12 +51,10 @@ __all__ = ["RunResult", "load_runs", "find_run_dirs", "summarize", "render_table
 
 logger = logging.getLogger(__name__)
 
-# Every metric@k family metrics.json may hold (xmcbench.metrics.evaluate), in the order tables show them; a
-# report has a column for each k its runs recorded, except nDCG@1, which always equals P@1.
-METRIC_FAMILIES = ("P", "nDCG", "PSP", "PSnDCG", "R", "PSR")
-_AT_K = re.compile(r"^(\w+)@(\d+)$")
+# A report has a column for each metric its runs recorded (see _is_metric), in xmcbench.metrics.metric_order of
+# the families given (a registry's; by default xmcbench's own), except nDCG@1, which always equals P@1.
 # The main table: precision and its propensity-scored form at 1, 3 and 5, the figures XMC papers lead with.
-# Every other recorded metric goes to a "more metrics" table of its family pair (MORE_TABLES).
+# Every other recorded metric goes to a "more metrics" table of its family pair (MORE_TABLES), or of its family.
 MAIN_METRICS = ("P@1", "P@3", "P@5", "PSP@1", "PSP@3", "PSP@5", "coverage")
 MORE_TABLES = (("nDCG@k and PSnDCG@k", ("nDCG", "PSnDCG")), ("R@k and PSR@k", ("R", "PSR")),
                ("P@k and PSP@k at further k", ("P", "PSP")))
@@ -136,9 +135,10 @@ class RunResult:
         """The run's TrainConfig values (config.json "config")."""
         return self.config.get("config", {})
 
-    def values(self) -> dict[str, float]:
-        """The report's columns that this run has, as plain floats."""
-        found = {key: value for key, value in self.metrics.items() if _metric_order(key) is not None}
+    def values(self, families: Sequence[MetricFamily] | None = None) -> dict[str, float]:
+        """The report's columns that this run has, as plain floats (families: as in summarize)."""
+        families = BUILTIN_FAMILIES if families is None else families
+        found = {key: value for key, value in self.metrics.items() if _is_metric(key, families)}
         found.update({key: self.timings[key] for key in ("train_seconds", "predict_ms_per_document",
                                                           "peak_rss_mb", "peak_gpu_mb") if key in self.timings})
         if self.model_bytes > 0:
@@ -150,20 +150,29 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _metric_order(name: str) -> tuple[int, int] | None:
-    """(family position, k) of a metric column ("coverage" last), None for any other key (nDCG@1 included)."""
-    if name == "coverage":
-        return (len(METRIC_FAMILIES), 0)
-    match = _AT_K.match(name)
-    if not match or match.group(1) not in METRIC_FAMILIES or name == "nDCG@1":
-        return None
-    return (METRIC_FAMILIES.index(match.group(1)), int(match.group(2)))
+def _family_name(column: str) -> str:
+    """The family a metric column belongs to: "P" for "P@5"; a metric without @k is its own."""
+    parsed = parse_at_k(column)
+    return parsed[0] if parsed else column
 
 
-def _all_columns(names) -> list[str]:
-    """Metric columns by family then k, then the cost columns, of the names given."""
+def _is_metric(name: str, families: Sequence[MetricFamily]) -> bool:
+    """Whether a number of metrics.json is a metric column: any NAME@K (also of a family not given: a plugin's
+    read without its registry), a family's key without @k, coverage; never nDCG@1."""
+    return name != "nDCG@1" and (name == "coverage" or parse_at_k(name) is not None
+                                 or any(not family.at_k and family.name == name for family in families))
+
+
+def _lower_is_better(column: str, families: Sequence[MetricFamily]) -> bool:
+    """A cost column, or a metric whose family says lower is better; a metric of a family not given is not."""
+    return column in LOWER_IS_BETTER or any(family.name == _family_name(column) and not family.higher_is_better
+                                            for family in families)
+
+
+def _all_columns(names, families: Sequence[MetricFamily]) -> list[str]:
+    """Metric columns in metric_order(families), then the cost columns, of the names given."""
     names = set(names)
-    metrics = sorted((n for n in names if _metric_order(n) is not None), key=_metric_order)
+    metrics = sorted((n for n in names if _is_metric(n, families)), key=metric_order(families))
     return metrics + [c for c in COST_COLUMNS if c in names]
 
 
@@ -435,7 +444,8 @@ def _pick_baseline(groups: list[_Group], baseline: str) -> dict[str, _Group]:
     return chosen
 
 
-def summarize(runs: list[RunResult], baseline: str | None = None) -> list[dict]:
+def summarize(runs: list[RunResult], baseline: str | None = None,
+              families: Sequence[MetricFamily] | None = None) -> list[dict]:
     """One row per method (per dataset, per settings variant), in first-seen order. Raw numbers only:
 
     {"dataset", "method" (row label), "base_method", "n_seeds", "seeds",
@@ -445,9 +455,13 @@ def summarize(runs: list[RunResult], baseline: str | None = None) -> list[dict]:
      "best": [columns where this row has the best mean among the rows of its dataset],
      "top1": [{"seed", "documents", "distinct", "share", "label", "degenerate"} per seed whose run saved
               predictions (RunResult.top1, DEGENERATE_RULE)]}
+    families: the metric families that order the columns and say which way is best (a registry's
+    `metric_families()`); None: xmcbench's own (xmcbench.metrics.BUILTIN_FAMILIES). A metric of another family
+    is still a column, after theirs.
     """
     if not runs:
         raise XmcError("no runs to report")
+    families = BUILTIN_FAMILIES if families is None else families
     groups = _groups(runs)
     baselines = _pick_baseline(groups, baseline) if baseline else {}
     per_seed: dict[int, dict[str, dict[int, float]]] = {}   # id(group) -> column -> seed -> value
@@ -455,12 +469,12 @@ def summarize(runs: list[RunResult], baseline: str | None = None) -> list[dict]:
     for group in groups:
         columns: dict[str, dict[int, float]] = {}
         for run in group.runs:
-            for column, value in run.values().items():
+            for column, value in run.values(families).items():
                 columns.setdefault(column, {})[run.seed] = value
         per_seed[id(group)] = columns
         rows.append({"dataset": group.dataset, "method": group.label, "base_method": group.method,
                      "n_seeds": len(group.runs), "seeds": [r.seed for r in group.runs],
-                     "stats": {c: _stats(list(columns[c].values())) for c in _all_columns(columns)},
+                     "stats": {c: _stats(list(columns[c].values())) for c in _all_columns(columns, families)},
                      "vs_baseline": None, "is_baseline": False,
                      "baseline": baselines[group.dataset].label if group.dataset in baselines else None,
                      "best": [],
@@ -474,14 +488,14 @@ def summarize(runs: list[RunResult], baseline: str | None = None) -> list[dict]:
             row["is_baseline"] = True
             continue
         mine, theirs = per_seed[id(group)], per_seed[id(base)]
-        row["vs_baseline"] = {c: _paired(mine[c], theirs[c]) for c in _all_columns(mine) if c in theirs}
+        row["vs_baseline"] = {c: _paired(mine[c], theirs[c]) for c in _all_columns(mine, families) if c in theirs}
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
         here = [r for r in rows if r["dataset"] == dataset]
-        for column in _all_columns(c for r in here for c in r["stats"]):
+        for column in _all_columns((c for r in here for c in r["stats"]), families):
             means = [(r, r["stats"][column]["mean"]) for r in here if column in r["stats"]]
             if len(means) < 2:
                 continue
-            pick = min if column in LOWER_IS_BETTER else max
+            pick = min if _lower_is_better(column, families) else max
             best = pick(m for _, m in means)
             for r, m in means:
                 if math.isclose(m, best, rel_tol=1e-12, abs_tol=1e-12):
@@ -491,24 +505,30 @@ def summarize(runs: list[RunResult], baseline: str | None = None) -> list[dict]:
 
 # -- rendering --------------------------------------------------------------------------------------
 
-def _columns(rows: list[dict]) -> list[str]:
+def _columns(rows: list[dict], families: Sequence[MetricFamily]) -> list[str]:
     """Every column some row has: metrics by family and k, then costs."""
-    return _all_columns(c for r in rows for c in r["stats"])
+    return _all_columns((c for r in rows for c in r["stats"]), families)
 
 
 def _main_columns(rows: list[dict]) -> list[str]:
     return [c for c in COLUMNS if any(c in r["stats"] for r in rows)]
 
 
-def more_tables(rows: list[dict]) -> list[tuple[str, list[str]]]:
-    """(title, columns) of the "more metrics" tables the rows fill: each MORE_TABLES family pair at every k
-    recorded, without the main table's columns."""
-    present = [c for c in _columns(rows) if c not in COLUMNS and c not in COST_COLUMNS]
+def more_tables(rows: list[dict], families: Sequence[MetricFamily] | None = None) -> list[tuple[str, list[str]]]:
+    """(title, columns) of the "more metrics" tables the rows fill, without the main table's columns: each
+    MORE_TABLES family pair at every k recorded, then one table per other family ("Hit@k"), in
+    metric_order(families) (families: as in summarize)."""
+    families = BUILTIN_FAMILIES if families is None else families
+    present = [c for c in _columns(rows, families) if c not in COLUMNS and c not in COST_COLUMNS]
     tables = []
-    for title, families in MORE_TABLES:
-        columns = [c for c in present if c.split("@")[0] in families]
+    for title, pair in MORE_TABLES:
+        columns = [c for c in present if _family_name(c) in pair]
         if columns:
             tables.append((title, columns))
+    paired = {name for _, pair in MORE_TABLES for name in pair}
+    for name in dict.fromkeys(_family_name(c) for c in present if _family_name(c) not in paired):
+        columns = [c for c in present if _family_name(c) == name]
+        tables.append((f"{name}@k" if parse_at_k(columns[0]) else name, columns))
     return tables
 
 
@@ -608,15 +628,18 @@ def paired_test_note(rows: list[dict]) -> str:
             + ".")
 
 
-def render_table(rows: list[dict], fmt: str = "github", columns: list[str] | None = None) -> str:
+def render_table(rows: list[dict], fmt: str = "github", columns: list[str] | None = None,
+                 families: Sequence[MetricFamily] | None = None) -> str:
     """The rows as a table: "github" (markdown, best in **bold**), "latex" (best in \\textbf{}) or "json"
     (the raw rows with every column, and each row's "best" list). Rows of several datasets give one table
-    per dataset. columns: those to show (github, latex); default the main table's (COLUMNS)."""
+    per dataset. columns: those to show (github, latex); default the main table's (COLUMNS). families: the
+    order of JSON's columns and which are lower_is_better, as in summarize."""
     if fmt not in FORMATS:
         raise XmcError(f"unknown report format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if fmt == "json":
-        return json.dumps({"columns": {c: LABELS.get(c, c) for c in _columns(rows)},
-                           "lower_is_better": [c for c in _columns(rows) if c in LOWER_IS_BETTER],
+        families = BUILTIN_FAMILIES if families is None else families
+        return json.dumps({"columns": {c: LABELS.get(c, c) for c in _columns(rows, families)},
+                           "lower_is_better": [c for c in _columns(rows, families) if _lower_is_better(c, families)],
                            "paired_test": paired_test_note(rows) if any(r["vs_baseline"] for r in rows) else None,
                            "degenerate_rule": DEGENERATE_RULE, "rows": rows}, indent=2)
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
@@ -932,7 +955,7 @@ def render_zero_shot(runs: list[RunResult]) -> list[tuple[str, str]]:
     for dataset in dict.fromkeys(g.dataset for g in groups if any(r.zero_shot for r in g.runs)):
         here = [g for g in groups if g.dataset == dataset]
         columns = sorted({key for g in here for r in g.runs if r.zero_shot for key in r.zero_shot
-                          if _metric_order(key) is not None and key.split("@")[0] in ("P", "R")}, key=_metric_order)
+                          if _family_name(key) in ("P", "R")}, key=metric_order())
         body = []
         for group in here:
             recorded = [r.zero_shot for r in group.runs if r.zero_shot]
@@ -1130,23 +1153,23 @@ def _more_heading(title: str, fmt: str) -> str:
 
 
 def write_report(runs: list[RunResult], output: Path, baseline: str | None = None, fmt: str = "github",
-                 command: str | None = None) -> Path:
+                 command: str | None = None, families: Sequence[MetricFamily] | None = None) -> Path:
     """Write report.md, table.{md|tex|json}, loss_curves.png, precision.png and, when the runs recorded
     frequency bins, frequency_bins.png into `output`; return the path of report.md. `command` (the command
-    line that produced the report) is printed at the top."""
+    line that produced the report) is printed at the top. families: the metric families, as in summarize."""
     if fmt not in FORMATS:
         raise XmcError(f"unknown report format {fmt!r}: choose one of {', '.join(FORMATS)}")
     output = Path(output)
     if output.is_file():
         raise XmcError(f"{output} is a file; --output must be a folder")
-    rows = summarize(runs, baseline)
+    rows = summarize(runs, baseline, families)
     groups = _groups(runs)
     output.mkdir(parents=True, exist_ok=True)
     table_path = output / f"table.{FORMATS[fmt]}"
-    table = render_table(rows, fmt)
+    table = render_table(rows, fmt, families=families)
     if fmt != "json":   # JSON holds every column already; the other formats add the "more metrics" tables
         table += "".join(f"\n\n{_more_heading(title, fmt)}\n\n" + render_table(rows, fmt, columns)
-                         for title, columns in more_tables(rows))
+                         for title, columns in more_tables(rows, families))
     atomic_write(table_path, lambda temporary: temporary.write_text(table + "\n", encoding="utf-8"))
     plot_loss_curves(runs, output / "loss_curves.png")
     plot_precision(rows, output / "precision.png")
@@ -1191,7 +1214,7 @@ def write_report(runs: list[RunResult], output: Path, baseline: str | None = Non
         here = [r for r in rows if r["dataset"] == dataset]
         lines += [f"### {markdown_text(dataset)}", ""]
         lines += [render_table(here, "github"), ""]
-        for title, columns in more_tables(here):
+        for title, columns in more_tables(here, families):
             lines += [f"More metrics: {title}", "", render_table(here, "github", columns), ""]
         if baseline and here[0]["baseline"] is None:
             lines += [f"No {markdown_text(baseline)} runs on {markdown_text(dataset)}: no baseline comparison "
