@@ -257,3 +257,28 @@ def test_a_family_without_k_has_one_key_and_its_own_column():
 def test_keys_no_family_knows_are_shown_after_the_known_ones():
     assert format_metrics({"Zed@5": 1.0, "other": 6.0, "Abc@10": 4.0, "coverage": 3.0, "P@1": 2.0, "Abc@2": 5.0}) == \
         "P@1 2.00  coverage 3.00  Abc@2 5.00  Abc@10 4.00  Zed@5 1.00  other 6.00"
+
+
+@pytest.mark.slow
+def test_a_plugins_family_is_written_by_a_run_selects_its_epoch_and_is_scored_again(tiny_model_dir, tiny_dataset,
+                                                                                    tmp_path):
+    from xmcbench import saved
+    from xmcbench.runs import launch
+    from xmcbench.runs.plan import plan_run
+
+    registry = build_registry(extra_plugins=[("hits", plugin_adding(HIT))])
+    settings = [f"model_name={tiny_model_dir}", "pretrained_weights=false", "num_layers=2", "epochs=2",
+                "max_length=16", "threads=1", "hidden_size=8", "validation_size=8", "batch_size=8",
+                "selection_metric=Hit@5"]
+    with pytest.raises(XmcError, match="selection_metric='Hit@7' is not a validation metric; choose one of .*Hit@5"):
+        plan_run(registry, "lightxml", str(tiny_dataset), set_options=settings[:-1] + ["selection_metric=Hit@7"])
+    plan = plan_run(registry, "lightxml", str(tiny_dataset), set_options=settings)
+    run_dir = launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert [key for key in metrics if key.startswith("Hit@")] == ["Hit@1", "Hit@3", "Hit@5"]
+    assert list(metrics).index("Hit@1") > list(metrics).index("PSR@5")   # after xmcbench's own, as registered
+    log = json.loads((run_dir / "training_log.json").read_text())
+    # the epochs were compared on Hit@5 of the validation rows: a share of 8 documents
+    assert len(log["validation"]) == 2 and all(record["score"] * 8 / 100 == pytest.approx(
+        round(record["score"] * 8 / 100)) for record in log["validation"])
+    assert saved.evaluate(run_dir, registry=registry)["Hit@5"] == pytest.approx(metrics["Hit@5"])

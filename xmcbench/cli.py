@@ -311,6 +311,12 @@ def plugins_command(options: bool = typer.Option(False, "--options", help="also 
     if executors:   # what `compare --executor NAME` may name
         typer.echo("\n" + tabulate(executors, headers=["executor", "plugin", "needs", "description"],
                                     tablefmt="simple"))
+    metrics = [[name, entry.origin.split(" (")[0], "@k" if entry.value.at_k else "",
+                "yes" if entry.value.selectable else "", entry.value.description]
+               for name, entry in registry.metrics.items()]
+    if metrics:   # what metrics.json holds, and what `--set selection_metric=NAME@K` may name
+        typer.echo("\n" + tabulate(metrics, headers=["metric", "plugin", "at k", "selects", "description"],
+                                    tablefmt="simple"))
     for failure in registry.failed:
         what = "warning" if isinstance(failure, RejectedName) else "not loaded"   # the rest of that plugin loaded
         typer.echo(f"{what}: {failure.name} ({failure.package}): {failure.error}")

@@ -510,19 +510,20 @@ def scoring_config(members: list[Member], set_options: Sequence[str] = ()):
     return evaluation_config(config, set_options)
 
 
-def _score(labels: np.ndarray, dataset, members: list[Member], set_options: Sequence[str] = ()) -> dict:
+def _score(labels: np.ndarray, dataset, members: list[Member], families: tuple | None = None) -> dict:
     """Metrics of test-set top lists (ids in the members' vocabulary) at the first member's eval_ks, with the
     propensities every run and `xmcbench evaluate` use (scoring.propensities: the dataset's whole training
-    set), so an ensemble's row compares with its members' rows."""
+    set), so an ensemble's row compares with its members' rows; families: the registry's metric families (None:
+    xmcbench's own)."""
     names = vocabulary(members)
-    config = scoring_config(members, set_options)
+    config = scoring_config(members)
     weights = propensities(dataset, config, names)
     truth = remap_labels(dataset.test_labels, dataset.label_names, names)
     # a label is zero-shot for the ensemble when no member had a training document for it
     zero_shot = np.logical_and.reduce([saved_zero_shot_mask(member.path, member.label_names, truth.shape[1])
                                        for member in members])
     return score(Predictions(labels, None, None), truth, None, weights, config.eval_ks,
-                 filtered=filtered_pairs(dataset, "test", names), zero_shot=zero_shot)
+                 filtered=filtered_pairs(dataset, "test", names), zero_shot=zero_shot, families=families)
 
 
 def _predict_member(member: Member, texts: list[str], texts_key: str | None, top_k: int, registry: Registry,
@@ -776,7 +777,7 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
         labels, scores = _predict_test(members, dataset, top_k, registry, rule)
         source = "predicted"
     combine_seconds = time.perf_counter() - started
-    metrics = _score(labels, dataset, members)
+    metrics = _score(labels, dataset, members, registry.metric_families())
 
     # written beside the output and swapped in when complete: a full disk or Ctrl-C midway leaves the earlier
     # ensemble (overwrite was checked above) as it was, and never a half-written one

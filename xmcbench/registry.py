@@ -303,7 +303,13 @@ class Registry:
     def metric_families(self) -> tuple:
         """The registered `xmcbench.metrics.MetricFamily`s in the order they were registered (xmcbench's own
         first): the order of their keys in metrics.json and in tables. The `families` of metrics.evaluate,
-        format_metrics, selection_metrics and the report's functions."""
+        format_metrics, selection_metrics and the report's functions. A registry that loaded no metric plugin
+        (a test's, or autoloading off without xmcbench-metrics named) scores with xmcbench's own families,
+        metrics.BUILTIN_FAMILIES, the very objects that plugin registers: a run is never left unscorable."""
+        if not self.metrics:
+            from xmcbench.metrics import BUILTIN_FAMILIES   # numpy and scipy: only when a run scores
+
+            return BUILTIN_FAMILIES
         return tuple(entry.value for entry in self.metrics.values())
 
     def _check_named_factory(self, what: str, name: str, factory: Any, description: Any, extra: Any) -> str:

@@ -121,7 +121,8 @@ class SavedModel:
                                            for path, names in members])
         model = self.models[0][0] if self.ensemble is None else None   # a run's recaller coverage needs its clusters
         return score(found, truth, model, propensities(dataset, config, self.label_names), config.eval_ks,
-                     filtered=filtered_pairs(dataset, "test", self.label_names), zero_shot=zero_shot)
+                     filtered=filtered_pairs(dataset, "test", self.label_names), zero_shot=zero_shot,
+                     families=self.registry.metric_families())
 
 
 def load(path: Path, registry: Registry | None = None, threads: int | None = None) -> SavedModel:
@@ -208,7 +209,8 @@ def rescore_run(run_dir: Path, data_dir: Path | None = None, registry: Registry 
     truth = remap_labels(dataset.test_labels, dataset.label_names, label_names)
     metrics = score(predictions, truth, None, propensities(dataset, config, label_names), config.eval_ks,
                     filtered=filtered_pairs(dataset, "test", label_names),
-                    zero_shot=saved_zero_shot_mask(run_dir, label_names, truth.shape[1]))
+                    zero_shot=saved_zero_shot_mask(run_dir, label_names, truth.shape[1]),
+                    families=registry.metric_families())
     kept = {key: previous[key] for key in ("dataset", "test_documents", "unseen_test_labels", "coverage")
             if key in previous}
     rescored = {**kept, **metrics, "rescored": {"xmcbench_version": xmcbench.__version__,

@@ -72,18 +72,20 @@ def propensities(dataset: Dataset, config: TrainConfig | None = None,
 
 def score(predictions: Predictions, truth: sp.csr_matrix, model: XMCModel | None, weights: Propensities,
           ks=(1, 3, 5), frequency_bins: bool = True, filtered: sp.csr_matrix | None = None,
-          zero_shot: np.ndarray | None = None) -> dict:
+          zero_shot: np.ndarray | None = None, families: tuple | None = None) -> dict:
     """Metrics of a prediction at the cut-offs ks (xmcbench.metrics.evaluate), with the frequency bins and
     the propensity model recorded under "propensity"; truth (N, L) in the label order of `weights`.
     filtered: (N, L) pairs removed from the predictions first (without_filtered_pairs), recorded under
     "filtered_pairs"; None when the dataset has no filter. zero_shot: (L,) bool, the labels no training document
-    of the model carried (zero_shot_mask): adds the "zero_shot" figures."""
+    of the model carried (zero_shot_mask): adds the "zero_shot" figures. families: the metric families computed
+    (a registry's metric_families(); None: xmcbench's own)."""
     recalled = None
     if predictions.recalled is not None:
         recalled = recalled_truth(truth, predictions.recalled, model.label_cluster.cpu().numpy())
     labels, removal = without_filtered_pairs(predictions.labels, filtered)
     metrics = evaluate(labels, truth, ks=ks, inv_propensity=weights.inverse, recalled_truth=recalled,
-                       label_counts=weights.label_counts if frequency_bins else None, zero_shot=zero_shot)
+                       label_counts=weights.label_counts if frequency_bins else None, zero_shot=zero_shot,
+                       families=families)
     return {**metrics, **removal, "propensity": weights.record()}
 
 
@@ -269,7 +271,7 @@ def evaluate_predictions(path: Path, dataset_name: str, data_dir: Path | None = 
     weights = propensities(dataset, config, names)
     # another system's training set is unknown: its zero-shot labels are those no training document of the dataset has
     return score(predictions, truth, None, weights, config.eval_ks, filtered=filtered_pairs(dataset, "test", names),
-                 zero_shot=weights.label_counts == 0), dataset, config
+                 zero_shot=weights.label_counts == 0, families=registry.metric_families()), dataset, config
 
 
 def write_external_run(output: Path, name: str, predictions_path: Path, dataset_ref: str, dataset: Dataset,
