@@ -10,7 +10,7 @@ import scipy.sparse as sp
 from typer.testing import CliRunner
 
 from xmcbench.cli import app
-from xmcbench.clustering import read_sparse_features
+from xmcbench.features import read_sparse_features
 from xmcbench.data import load_dataset_from_path
 from xmcbench.errors import XmcError
 from xmcbench.synthetic import (DOCS_PER_BLOCK, SHAPES, TEST_FIRST_DOC, SyntheticShape, _svmlight_lines,

@@ -15,8 +15,9 @@ import scipy.sparse as sp
 
 from xmcbench.data import Dataset, _first_file, open_binary
 from xmcbench.errors import XmcError
-from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset_from_matrices, parse_xc_header, \
-    read_xc_sparse, split_test, write_label_table
+from xmcbench.features import parse_xc_header, read_xc_sparse
+from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset_from_matrices, split_test, \
+    write_label_table
 from xmcbench.storage import atomic_write
 
 NAME = "xc_sparse"
