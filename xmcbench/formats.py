@@ -322,7 +322,7 @@ def _dataset(name, version, label_names, num_labels, train_texts, train_labels, 
                       f"features {test_features.shape[1]}; both splits need one feature space")
     return Dataset(name=name, version=version, label_names=label_names, num_labels=num_labels,
                    train_texts=train_texts, train_labels=train_labels, test_texts=test_texts, test_labels=test_labels,
-                   feature_file=None, propensity_a=0.55, propensity_b=1.5, report=counts,
+                   propensity_a=0.55, propensity_b=1.5, report=counts,
                    train_features=train_features, test_features=test_features)
 
 

@@ -416,8 +416,8 @@ class WholeMethod(ABC):
     #: records it in config.json, and the conformance suite then skips its determinism check)
     deterministic: bool = True
     #: True when the method can also fit on a dataset's own sparse features (fit_features, predict_features):
-    #: then a dataset that has them (bag-of-words files, PECOS X.npz) is fitted on them rather than on texts,
-    #: and a dataset with features but no texts can be run at all
+    #: then a dataset that has them for both splits (bag-of-words files, PECOS X.npz) is fitted on them rather
+    #: than on texts, and a dataset with features but no texts can be run at all
     reads_features: bool = False
 
     @classmethod
