@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from xmcbench import runner
+from xmcbench.indexing import label_clusters
 from xmcbench.batching import epoch_batches, padded_positives
 from xmcbench.device import pick_device, set_threads
 from xmcbench.optim import build_optimizers
@@ -66,7 +67,7 @@ def main() -> None:
     dataset = runner.open_dataset(registry, plan.dataset)
     dataset, _ = runner.training_view(dataset, config, registry.method(args.method), log=lambda line: None)
     rows = np.arange(len(dataset.train_texts))
-    clusters = runner.label_clusters(dataset, config, rows)
+    clusters = label_clusters(dataset, config, rows, registry)
     torch.manual_seed(config.seed)
     labels = label_info(dataset, config, rows)
     model = runner.build_model(registry, config, clusters, label_info=labels).to(device).train()

@@ -1021,9 +1021,9 @@ def test_predict_arguments_of_the_wrong_type(finished_run):
 
 
 def test_a_setting_given_wins_over_a_tree_the_method_derives(tiny_model_dir, tiny_dataset):
-    from xmcbench.clustering import num_clusters_for
+    from xmcbench.indexing import num_clusters_for, resolve_num_clusters
     from xmcbench.registry import build_registry
-    from xmcbench.runner import plan_run, resolve_num_clusters
+    from xmcbench.runner import plan_run
 
     registry = build_registry()
     if "cascade" not in registry.methods:

@@ -1,5 +1,5 @@
-"""Tests for xmcbench.features (document features, label representations) and xmcbench.clustering (balanced
-label clustering)."""
+"""Tests for xmcbench.features (document features, label representations), xmcbench.clustering (balanced label
+clustering) and the cluster numbering helpers of xmcbench.indexing."""
 
 import bz2
 import gzip
@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from xmcbench.clustering import balanced_clusters, cluster_members, num_clusters_for
+from xmcbench.clustering import balanced_clusters
 from xmcbench.features import label_features, read_sparse_features, tfidf_features
+from xmcbench.indexing import cluster_members, num_clusters_for
 from xmcbench.errors import XmcError
 
 

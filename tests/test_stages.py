@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from xmcbench import runner
+from xmcbench.indexing import label_clusters
 from xmcbench.config import Stage
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import LabelClusters
@@ -30,7 +31,7 @@ def tiny_setup(registry, tiny_model_dir, method, tiny_dataset, **extra):
     plan = runner.plan_run(registry, method, str(tiny_dataset), set_options=[f"{k}={v}" for k, v in settings.items()])
     dataset = runner.open_dataset(registry, plan.dataset)
     rows = np.arange(len(dataset.train_texts))
-    clusters = runner.label_clusters(dataset, plan.config, rows)
+    clusters = label_clusters(dataset, plan.config, rows, registry)
     torch.manual_seed(0)
     model = build_model(registry, plan.config, clusters)
     tokens = tokenize(dataset.train_texts, model.encoder.tokenizer, plan.config.max_length, None)

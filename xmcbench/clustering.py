@@ -2,8 +2,9 @@
 
 LightXML groups labels into K clusters of near-equal size; its "meta" classifier first predicts clusters,
 then ranks the labels inside the top clusters. The clusters come from recursive balanced 2-means on label
-representations (xmcbench.features.label_features). Sparse throughout, it runs at the scale of Wiki-500K
-and Amazon-670K (benchmarks/clustering_vs_pecos.py compares it with PECOS's).
+representations (xmcbench.features.label_features). It is the built-in label indexer, "balanced-2means"
+(xmcbench.indexing), sparse throughout and run at the scale of Wiki-500K and Amazon-670K
+(benchmarks/clustering_vs_pecos.py compares it with PECOS's).
 
 Shapes: L labels, F features, K clusters.
 """
@@ -22,9 +23,9 @@ from xmcbench.features import unit_rows
 from xmcbench.progress import progress_bar
 from xmcbench.workers import available_cores, fork_available, run_forked
 
-__all__ = ["balanced_clusters", "num_clusters_for", "cluster_members"]
+__all__ = ["balanced_clusters"]
 
-# Part of the label clusters' cache key (xmcbench.runner): change it whenever balanced_clusters gives other
+# Part of the label clusters' cache key (xmcbench.indexing): change it whenever balanced_clusters gives other
 # clusters for the same inputs and seed.
 ALGORITHM_VERSION = "balanced-2means-random-start-2"
 
@@ -363,37 +364,3 @@ def _claim_and_run_tasks(tree: _LabelTree, order: np.ndarray, states: np.ndarray
         with condition:
             states[task] = _DONE
             condition.notify_all()
-
-
-def num_clusters_for(num_labels: int, cluster_size: int) -> int:
-    """Number of clusters K for a target cluster size s.
-
-    Smallest power of two K with ceil(num_labels / K) <= s (1 when num_labels <= s). s = 1 means a flat
-    model with one label per cluster: returns num_labels (not necessarily a power of two); callers then use
-    the identity label -> cluster mapping.
-    """
-    if cluster_size < 1:
-        raise XmcError(f"cluster_size={cluster_size} must be >= 1 (1 means one label per cluster)")
-    if num_labels < 1:
-        raise XmcError(f"num_labels={num_labels}: the dataset has no labels; check the label files")
-    if cluster_size == 1:
-        return num_labels
-    k = 1
-    while -(-num_labels // k) > cluster_size:  # integer ceil, exact for huge label counts
-        k *= 2
-    return k
-
-
-def cluster_members(label_to_cluster: np.ndarray, num_clusters: int) -> list[np.ndarray]:
-    """Inverse of a label -> cluster mapping.
-
-    label_to_cluster: (L,) ints in [0, K).
-    Returns K int64 arrays of label ids, each sorted ascending (empty for clusters with no label).
-    """
-    l2c = np.asarray(label_to_cluster, dtype=np.int64)
-    if l2c.size and (l2c.min() < 0 or l2c.max() >= num_clusters):
-        raise ValueError(f"cluster ids must lie in [0, {num_clusters}), got [{l2c.min()}, {l2c.max()}]")
-    # A stable sort keeps label ids ascending within each cluster, in O(L log L) rather than O(L K).
-    order = np.argsort(l2c, kind="stable")
-    counts = np.bincount(l2c, minlength=num_clusters)
-    return np.split(order, np.cumsum(counts)[:-1])

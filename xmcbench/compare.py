@@ -34,7 +34,7 @@ from xmcbench.storage import fingerprint, read_json, write_json
 # Settings added after result keys existed: hashed only when set to something else than their default, so
 # the keys, and with them the runs saved before these settings existed, stay what they were.
 LATER_SETTINGS = ("eval_ks", "propensity_a", "propensity_b", "tree_levels", "level_top", "score_combiner", "ranker_weight",
-                  "zero_shot_labels")
+                  "zero_shot_labels", "indexer")
 # Settings that cannot change a result (what is logged where): never hashed, so adding a logger finds the run.
 RESULT_NEUTRAL_SETTINGS = ("loggers",)
 
@@ -43,9 +43,11 @@ def provenance(registry: Registry, method: str, config: TrainConfig) -> dict:
     """What made a run's result besides its settings and data, as JSON values: "xmcbench" (the version),
     "method" and, for a method built from components, "components" ({kind: {"name", ...}}): each one's
     `registry.code_record` (plugin, distribution, version, and "source_sha256" where the version does not
-    identify the code); "options": every option the method and its components declare, set or defaulted;
-    "option_files": {name: {"path", "bytes", "sha256"}} of each path option (Option(kind="path")) that names a
-    file. result_key hashes it; config.json records it, environment.json its code part."""
+    identify the code), and "indexer" ({"name", ...}, its code record) unless it is the default one, so that the
+    keys of runs saved before indexers were registered stay what they were; "options": every option the method
+    and its components declare, set or defaulted; "option_files": {name: {"path", "bytes", "sha256"}} of each
+    path option (Option(kind="path")) that names a file. result_key hashes it; config.json records it,
+    environment.json its code part."""
     spec = registry.method(method)
     record = {"xmcbench": xmcbench.__version__, "method": code_record(registry.methods[method])}
     if spec.whole_method is None:
@@ -54,6 +56,9 @@ def provenance(registry: Registry, method: str, config: TrainConfig) -> dict:
             name = getattr(config, kind)
             entry = registry.components[kind].get(name)
             record["components"][kind] = {"name": name, **(code_record(entry) if entry else {"plugin": None})}
+        if config.indexer != TrainConfig.indexer:
+            entry = registry.indexers.get(config.indexer)
+            record["indexer"] = {"name": config.indexer, **(code_record(entry) if entry else {"plugin": None})}
     declared = runner.declared_options(registry, spec, config)
     record["options"] = {name: option.value_of(config) for name, (option, _) in sorted(declared.items())}
     record["option_files"] = {}

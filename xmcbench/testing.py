@@ -1442,6 +1442,7 @@ def check_method(registry, method: str, settings: list[str] | dict = ()) -> None
     from safetensors.torch import load_file
 
     from xmcbench import runner
+    from xmcbench.indexing import label_clusters
     from xmcbench.modelio import build_model, load_model_dir
     from xmcbench.labels import label_info
     from xmcbench.training import TrainingInterrupted
@@ -1461,7 +1462,7 @@ def check_method(registry, method: str, settings: list[str] | dict = ()) -> None
         config = plan.config
         train_rows, _ = runner.split_train_rows(dataset, config)
         with check.rule("building the model must work"):
-            model = build_model(registry, config, runner.label_clusters(dataset, config, train_rows),
+            model = build_model(registry, config, label_clusters(dataset, config, train_rows, registry),
                                 label_info=label_info(dataset, config, train_rows))
         _check_shared_towers(check, model)
 

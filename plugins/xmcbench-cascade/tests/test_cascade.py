@@ -14,7 +14,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from xmcbench import api, runner
-from xmcbench.clustering import num_clusters_for
+from xmcbench.indexing import num_clusters_for, resolve_num_clusters
 from xmcbench.registry import build_registry
 from xmcbench.testing import check_component, make_tiny_transformer, tiny_config, write_tiny_dataset
 from xmcbench_cascade.encoder import build_transformer_levels, derived_level_layers, parse_level_layers
@@ -71,7 +71,7 @@ def test_the_derived_tree_reproduces_the_published_one_at_wiki500k_and_scales_do
 def test_a_dataset_without_preset_gets_the_derived_tree(tiny_model, dataset):
     plan = runner.plan_run(build_registry(), "cascade", str(dataset), set_options=[f"model_name={tiny_model}"])
     labels = plan.statistics.labels   # leaf clusters of about 8 labels: one, on this tiny set
-    assert runner.resolve_num_clusters(plan.config, labels) == tree_for(labels)[0] == 1
+    assert resolve_num_clusters(plan.config, labels) == tree_for(labels)[0] == 1
     assert plan.config.tree_levels == ()
     assert "tree_levels" in plan.derived and plan.config.encoder == "transformer-levels"
     # the paper's head_lr 1e-3 goes with its presets' 15 epochs; the derived epochs come with the derived rate
@@ -85,7 +85,7 @@ def test_a_cluster_size_the_user_sets_wins_over_the_derived_tree(tiny_model, dat
                            set_options=[f"model_name={tiny_model}", "cluster_size=2"])
     labels = plan.statistics.labels
     assert plan.config.cluster_size == 2 and "num_clusters" not in plan.derived
-    assert runner.resolve_num_clusters(plan.config, labels) == num_clusters_for(labels, 2) > tree_for(labels)[0]
+    assert resolve_num_clusters(plan.config, labels) == num_clusters_for(labels, 2) > tree_for(labels)[0]
 
 
 @pytest.mark.slow
