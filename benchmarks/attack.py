@@ -628,7 +628,7 @@ def cases(attack: Attack):
         return verdict(result)
 
     def cascade_cluster_size_set():
-        from xmcbench.clustering import num_clusters_for
+        from xmcbench.indexing import num_clusters_for
 
         result = attack.xmcbench("config", "cascade", "--dataset", str(attack.dataset), "--set",
                                  f"model_name={attack.model}", "--set", "cluster_size=2")

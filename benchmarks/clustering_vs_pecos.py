@@ -3,7 +3,7 @@
 Generates a synthetic dataset at a paper shape once (xmcbench.synthetic), saves it, then runs each side in a
 process of its own on the same files, one after the other, so that times and peak memory are separable:
 
-  ours   xmcbench.clustering.label_features + balanced_clusters, K = the lightxml preset's num_clusters
+  ours   xmcbench.features.label_features + clustering.balanced_clusters, K = the lightxml preset's num_clusters
   PECOS  PIFA (LabelEmbeddingFactory) + HierarchicalKMeans(max_leaf_size = ceil(L/K), nr_splits=2), which
          makes the same K leaves; run by benchmarks/pecos_side.py in PECOS's own environment
          (benchmarks/setup_pecos.sh: libpecos pins numpy < 2)
@@ -41,6 +41,7 @@ from sklearn.utils.extmath import row_norms
 from tabulate import tabulate
 
 from xmcbench import clustering
+from xmcbench.features import label_features
 from xmcbench.errors import XmcError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,7 +60,7 @@ def run_ours(folder: Path, num_clusters: int, threads: int, seed: int) -> None:
     features = sp.load_npz(folder / "features.npz").tocsr()
     labels = sp.load_npz(folder / "labels.npz").tocsr()
     start = time.perf_counter()
-    label_feats = clustering.label_features(features, labels, threads=threads)
+    label_feats = label_features(features, labels, threads=threads)
     label_seconds = time.perf_counter() - start
     del features, labels  # as on PECOS's side: only the label features are needed from here on
     start = time.perf_counter()
@@ -220,7 +221,7 @@ def main() -> None:
 
         features = sp.load_npz(folder / "features.npz").tocsr()
         labels = sp.load_npz(folder / "labels.npz").tocsr()
-        label_feats = clustering.label_features(features, labels)
+        label_feats = label_features(features, labels)
         del features, labels
         rows = []
         for name, result in results.items():

@@ -38,6 +38,7 @@ import torch
 
 from xmcbench import clustering, synthetic
 from xmcbench.config import JOINT_TRAINING
+from xmcbench.features import label_features
 from xmcbench.interfaces import LabelClusters
 from xmcbench.modelio import build_model
 from xmcbench.device import autocast, pick_device, set_threads
@@ -207,15 +208,15 @@ def run_preset(preset: str, method: str, args, model_dir: Path) -> None:
     features, labels = synthetic.generate_matrices(shape, args.cluster_docs, seed=args.seed)
     print(f"synthetic data: {args.cluster_docs:,} documents in {time.perf_counter() - started:.1f} s")
     started = time.perf_counter()
-    label_features = clustering.label_features(features, labels)
+    label_feats = label_features(features, labels)
     features_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    clustering.balanced_clusters(label_features, config.num_clusters, seed=args.seed)
+    clustering.balanced_clusters(label_feats, config.num_clusters, seed=args.seed)
     cluster_seconds = time.perf_counter() - started
     print(f"clustering: label features {features_seconds:.1f} s + balanced 2-means {cluster_seconds:.1f} s "
-          f"= {features_seconds + cluster_seconds:.1f} s ({label_features.nnz:,} label-feature nonzeros "
+          f"= {features_seconds + cluster_seconds:.1f} s ({label_feats.nnz:,} label-feature nonzeros "
           f"from {args.cluster_docs:,} documents)")
-    del features, label_features
+    del features, label_feats
 
     print(f"peak memory of this process so far: {peak_rss_gb():.2f} GiB RSS")
 

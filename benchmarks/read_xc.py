@@ -1,6 +1,6 @@
 """Time reading an Extreme Classification Repository bag-of-words file at Amazon-670K's shape: the line-by-line
-Python parser (xmcbench.clustering._parse_lines, what read_sparse_features used before) against scikit-learn's
-C parser behind xmcbench.formats.read_xc_sparse, in one run on the same file.
+Python parser (xmcbench.features._parse_lines, what read_sparse_features used before) against scikit-learn's
+C parser behind xmcbench.features.read_xc_sparse, in one run on the same file.
 
 The file is synthetic (xmcbench.synthetic's amazon670k shape: 135,909 features, 670,091 labels, ~75 nonzero
 features and ~5.45 labels per document), with a share of Amazon-670K's 490,449 training documents:
@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 
 from xmcbench import synthetic
-from xmcbench.clustering import _open_text, _parse_lines
-from xmcbench.formats import parse_xc_header, read_xc_sparse
+from xmcbench.features import _open_text, _parse_lines, parse_xc_header, read_xc_sparse
 
 
 def write_file(path: Path, num_docs: int) -> None:
@@ -47,8 +46,8 @@ def main() -> None:
         write_file(path, num_docs)
         print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - start:.1f} s")
     timings, matrices = {}, []
-    for name, read in (("python loop (clustering._parse_lines)", python_loop),
-                       ("scikit-learn C parser (formats.read_xc_sparse)", lambda p: read_xc_sparse(p).features)):
+    for name, read in (("python loop (features._parse_lines)", python_loop),
+                       ("scikit-learn C parser (features.read_xc_sparse)", lambda p: read_xc_sparse(p).features)):
         start = time.perf_counter()
         features = read(path)
         timings[name] = time.perf_counter() - start

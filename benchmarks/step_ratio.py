@@ -70,7 +70,7 @@ def main() -> None:
     dataset = open_dataset(registry, plan.dataset)
     dataset, _ = training_view(dataset, config, registry.method(args.method), log=lambda line: None)
     rows = np.arange(len(dataset.train_texts))
-    clusters = label_clusters(dataset, config, rows)
+    clusters = label_clusters(dataset, config, rows, registry)
     torch.manual_seed(config.seed)
     labels = label_info(dataset, config, rows)
     model = build_model(registry, config, clusters, label_info=labels).to(device).train()

@@ -28,7 +28,6 @@ from xmcbench.metrics import evaluate
 from xmcbench.testing import write_tiny_dataset
 from xmcbench.runs import launch
 from xmcbench.formats import open_dataset
-from xmcbench.indexing import resolve_num_clusters
 from xmcbench.rundir import save_validation_predictions, VALIDATION_PREDICTIONS_FILE
 from xmcbench.runs.plan import plan_run
 from xmcbench.saved import predict_texts, rescore_run
@@ -1020,7 +1019,7 @@ def test_predict_arguments_of_the_wrong_type(finished_run):
 
 
 def test_a_setting_given_wins_over_a_tree_the_method_derives(tiny_model_dir, tiny_dataset):
-    from xmcbench.clustering import num_clusters_for
+    from xmcbench.indexing import num_clusters_for, resolve_num_clusters
     from xmcbench.registry import build_registry
 
     registry = build_registry()

@@ -1,4 +1,5 @@
-"""Tests for xmcbench.clustering: features, label representations, balanced label clustering."""
+"""Tests for xmcbench.features (document features, label representations), xmcbench.clustering (balanced label
+clustering) and the cluster numbering helpers of xmcbench.indexing."""
 
 import bz2
 import gzip
@@ -8,14 +9,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from xmcbench.clustering import (
-    balanced_clusters,
-    cluster_members,
-    label_features,
-    num_clusters_for,
-    read_sparse_features,
-    tfidf_features,
-)
+from xmcbench.clustering import balanced_clusters
+from xmcbench.features import label_features, read_sparse_features, tfidf_features
+from xmcbench.indexing import cluster_members, num_clusters_for
 from xmcbench.errors import XmcError
 
 
@@ -196,12 +192,12 @@ def test_failing_worker_raises(monkeypatch):
 
 
 def test_failing_label_feature_worker_names_stage_and_cause(monkeypatch, capfd):
-    from xmcbench import clustering
+    from xmcbench import features
 
     def fail(*args, **kwargs):
         raise MemoryError("cannot allocate 3 GiB")
 
-    monkeypatch.setattr(clustering, "normalize", fail)   # inherited by the forked workers
+    monkeypatch.setattr(features, "normalize", fail)   # inherited by the forked workers
     docs, labels = dominant_label_data()
     with pytest.raises(XmcError, match=r"^label features: worker process \d of \d failed: MemoryError: cannot "
                                        r"allocate 3 GiB$"):

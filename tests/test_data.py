@@ -91,7 +91,7 @@ def test_mini_matches_stats_json(mini):
     assert mini.label_names[int(counts.argmax())] == top_name and counts.max() == top_count
     assert mini.train_labels.dtype == np.float32 and set(np.unique(mini.train_labels.data)) == {1.0}
     assert mini.report == {"unseen_test_labels": 14}
-    assert mini.feature_file is None
+    assert mini.train_features is None
 
 
 def test_mini_unseen_test_labels_follow_the_vocabulary(mini):
@@ -294,10 +294,20 @@ def test_data_dir_lookup(tmp_path):
 
 
 def test_feature_file_prefers_lightxml_svmlight(tmp_path):
-    folder = _tiny(tmp_path / "d", {"train.txt": "1 2\n"})
-    assert load_dataset_from_path(folder).feature_file == folder / "train.txt"
-    _write(folder, {"train_v1.txt": "1 0:1\n"})
-    assert load_dataset_from_path(folder).feature_file == folder / "train_v1.txt"
+    folder = _tiny(tmp_path / "d", {"train.txt": "3 2 3\n0 0:1\n1 1:2\n2 0:3 1:4\n"})
+    dataset = load_dataset_from_path(folder)
+    assert dataset.test_features is None   # the layout's features file is of the training documents
+    np.testing.assert_allclose(dataset.train_features.toarray(), [[1, 0], [0, 1], [0.6, 0.8]], rtol=1e-6)
+    _write(folder, {"train_v1.txt": "1 2:1\n2 2:1\n3 2:1\n"})
+    assert load_dataset_from_path(folder).train_features.toarray().tolist() == [[0, 0, 1]] * 3
+
+
+def test_a_features_file_is_read_when_first_asked_for(tmp_path):
+    folder = _tiny(tmp_path / "d", {"train_v1.txt": "1 0:1\n2 oops\n3 1:1\n"})
+    dataset = load_dataset_from_path(folder)   # loads although line 2 is malformed: the file is not read yet
+    assert dataset.has_train_features
+    with pytest.raises(XmcError, match="train_v1.txt:2: malformed feature 'oops'"):
+        dataset.train_features
 
 
 def test_public_readers(tmp_path):

@@ -20,8 +20,9 @@ from typer.testing import CliRunner
 from xmcbench.cli import app
 from xmcbench.data import Dataset
 from xmcbench.errors import XmcError
+from xmcbench.features import read_xc_sparse
 from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset_from_rows, detect_format, \
-    label_lists, read_dataset, read_xc_sparse, split_test, write_dataset
+    label_lists, read_dataset, split_test, write_dataset
 from xmcbench.hookspecs import hookimpl
 from xmcbench.registry import RegistrationError, build_registry
 from xmcbench import saved as saved_models

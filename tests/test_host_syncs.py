@@ -28,7 +28,7 @@ def trainer_for(tiny_model_dir, tiny_dataset, cluster_size):
                "batch_size": 8, "threads": 1}
     plan = plan_run(registry, "lightxml", str(tiny_dataset), set_options=[f"{k}={v}" for k, v in options.items()])
     rows, _ = split_train_rows(plan.loaded, plan.config)
-    model = build_model(registry, plan.config, label_clusters(plan.loaded, plan.config, rows))
+    model = build_model(registry, plan.config, label_clusters(plan.loaded, plan.config, rows, registry))
     tokens = tokenize(plan.loaded.train_texts, model.encoder.tokenizer, 32, texts_key=None).subset(rows)
     trainer = Trainer(model, tokens, plan.loaded.train_labels[rows], plan.config, torch.device("cpu"))
     trainer.prepare()

@@ -247,7 +247,7 @@ def test_a_stage_that_freezes_the_encoder_freezes_it_inside_the_ranker_too(tiny_
     from xmcbench.modelio import build_model
 
     seed_everything(plan.config.seed)   # as the run does before building its model: the same initial weights
-    model = build_model(registry, plan.config, label_clusters(dataset, plan.config, train_rows),
+    model = build_model(registry, plan.config, label_clusters(dataset, plan.config, train_rows, registry),
                         label_info=label_info(dataset, plan.config, train_rows))
     before = copy.deepcopy(model.encoder.state_dict())
     plan.loaded = dataset

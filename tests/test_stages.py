@@ -34,7 +34,7 @@ def tiny_setup(registry, tiny_model_dir, method, tiny_dataset, **extra):
     plan = plan_run(registry, method, str(tiny_dataset), set_options=[f"{k}={v}" for k, v in settings.items()])
     dataset = open_dataset(registry, plan.dataset)
     rows = np.arange(len(dataset.train_texts))
-    clusters = label_clusters(dataset, plan.config, rows)
+    clusters = label_clusters(dataset, plan.config, rows, registry)
     torch.manual_seed(0)
     model = build_model(registry, plan.config, clusters)
     tokens = tokenize(dataset.train_texts, model.encoder.tokenizer, plan.config.max_length, None)

@@ -10,7 +10,7 @@ import scipy.sparse as sp
 from typer.testing import CliRunner
 
 from xmcbench.cli import app
-from xmcbench.clustering import read_sparse_features
+from xmcbench.features import read_sparse_features
 from xmcbench.data import load_dataset_from_path
 from xmcbench.errors import XmcError
 from xmcbench.synthetic import (DOCS_PER_BLOCK, SHAPES, TEST_FIRST_DOC, SyntheticShape, _svmlight_lines,
@@ -143,8 +143,8 @@ def test_written_dataset_loads_and_matches_the_generator(tmp_path):
 
     assert generator_ids(dataset.train_labels) == [list(row.indices) for row in labels]
     assert generator_ids(dataset.test_labels) == [list(row.indices) for row in test_labels]
-    assert dataset.feature_file == folder / "train_v1.txt"
-    read = read_sparse_features(dataset.feature_file, 300)
+    read = dataset.train_features   # train_v1.txt, read when first asked for
+    assert (read != read_sparse_features(folder / "train_v1.txt", 300)).nnz == 0
     width = read.shape[1]  # the file says nothing of features no document has
     assert features[:, width:].nnz == 0
     np.testing.assert_allclose(read.toarray(), features[:, :width].toarray(), atol=1e-5)

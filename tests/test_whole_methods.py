@@ -193,6 +193,20 @@ def test_a_whole_method_must_subclass_the_contract():
 
 # -- runs ---------------------------------------------------------------------------------------------------
 
+class FeatureVotes(WordVotes):
+    reads_features = True
+
+
+def test_a_raw_text_dataset_with_a_features_file_is_read_as_texts(dataset_dir, tmp_path):
+    from xmcbench.data import load_dataset_from_path
+
+    folder = shutil.copytree(dataset_dir, tmp_path / "with-features")
+    (folder / "train_v1.txt").write_text("0 0:1\n1 oops\n")   # malformed: reading it would raise
+    dataset = load_dataset_from_path(folder)
+    # its features are the training documents' only: a run of a method that reads features reads the texts
+    assert dataset.has_train_features and not whole_methods.reads_features(FeatureVotes, dataset)
+
+
 @pytest.fixture(scope="module")
 def registry():
     # no entry point: a whole method needs no component, so none is loaded

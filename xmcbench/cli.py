@@ -1,7 +1,7 @@
 """`xmcbench` command line. `run`, `predict` and `evaluate` parse their options and call the Python API
 (xmcbench.api: train, load(...).predict, evaluate), so a script can do all they do; the other commands call
-plain functions of the run layer (`xmcbench.runs`, `xmcbench.saved`, `xmcbench.scoring`). User mistakes end in one line on stderr and exit
-status 2."""
+plain functions of the run layer (`xmcbench.runs`, `xmcbench.saved`, `xmcbench.scoring`). User mistakes end in
+one line on stderr and exit status 2."""
 
 from __future__ import annotations
 
@@ -311,6 +311,10 @@ def plugins_command(options: bool = typer.Option(False, "--options", help="also 
     if executors:   # what `compare --executor NAME` may name
         typer.echo("\n" + tabulate(executors, headers=["executor", "plugin", "needs", "description"],
                                     tablefmt="simple"))
+    indexers = [[name, entry.origin.split(" (")[0], entry.value.description]
+                for name, entry in registry.indexers.items()]
+    if indexers:   # what `--set indexer=NAME` may name
+        typer.echo("\n" + tabulate(indexers, headers=["indexer", "plugin", "description"], tablefmt="simple"))
     metrics = [[name, entry.origin.split(" (")[0], "@k" if entry.value.at_k else "",
                 "yes" if entry.value.selectable else "", entry.value.description]
                for name, entry in registry.metrics.items()]

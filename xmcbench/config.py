@@ -39,6 +39,7 @@ class TrainConfig:
     num_clusters: int = 0          # overrides cluster_size when > 0 (a power of two)
     flat_below: int = 30000
     auto_cluster_size: int = 64
+    indexer: str = "balanced-2means"   # what groups the labels into clusters: a registered indexer (`xmcbench plugins`)
     top_clusters: int = 10         # b: clusters recalled per document
     # a deeper label tree (CascadeXML): node counts of the levels between the recaller's and the leaf clusters,
     # coarse to fine, powers of two below the number of clusters; the recaller then scores tree_levels[0] nodes.

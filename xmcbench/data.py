@@ -10,7 +10,8 @@ also do), see ``read_label_table``. The public copies of the paper's benchmarks 
 ``train_raw_texts.txt`` / ``test_raw_texts.txt`` (their ``*_texts.txt`` are already tokenised); the raw ones
 are preferred when present. Every file may instead be stored as ``.xz``, ``.gz`` or ``.bz2``. Optional sparse
 features of the training documents (``train_v1.txt``, LightXML's svmlight file, or ``train.txt``, the Extreme
-Classification Repository's bag of words) are only located here; another module parses them.
+Classification Repository's bag of words) become ``Dataset.train_features``, read from their file when first
+used (``FeatureFile``; ``xmcbench.features`` parses them).
 
 Reading is forgiving where the intent is clear and strict where guessing would change results:
 CRLF line ends, non-UTF-8 bytes, a UTF-8 byte-order mark, duplicate labels on a line, empty texts and empty
@@ -83,6 +84,37 @@ class DatasetSpec:
     is_default: bool = False  # the dataset a run uses when none is named (the first registered one marked wins)
 
 
+@dataclass(frozen=True)
+class FeatureFile:
+    """The raw-text layout's features file (train_v1.txt / train.txt) of `num_docs` training documents, kept
+    unread until Dataset.train_features is first read: at Wiki-500K's size it takes minutes and gigabytes to
+    read, and only label indexing reads it."""
+
+    path: Path
+    num_docs: int
+
+    def read(self) -> sp.csr_matrix:
+        """(num_docs, F) float32 csr with L2-normalised rows."""
+        from xmcbench.features import read_sparse_features   # which reads files with this module's open_binary
+
+        return read_sparse_features(self.path, self.num_docs)
+
+
+class _TrainFeatures:
+    """Dataset.train_features: it holds a matrix, None or a FeatureFile, which the first read of the field
+    replaces by its matrix (the dataset keeps it from then on, and so does a dataclasses.replace copy)."""
+
+    def __get__(self, dataset, owner=None):
+        if dataset is None:
+            return None   # the field's default
+        if isinstance(dataset._train_features, FeatureFile):
+            dataset._train_features = dataset._train_features.read()
+        return dataset._train_features
+
+    def __set__(self, dataset, value) -> None:
+        dataset._train_features = value
+
+
 @dataclass
 class Dataset:
     """A loaded dataset.
@@ -105,14 +137,14 @@ class Dataset:
     train_labels: sp.csr_matrix  # (N_train, len(label_names)) float32 0/1
     test_texts: list[str]  # (N_test,)
     test_labels: sp.csr_matrix  # (N_test, len(label_names)) float32 0/1
-    feature_file: Path | None  # sparse features of the training documents when the dataset provides them
     propensity_a: float
     propensity_b: float
     report: dict[str, int] = field(default_factory=dict)
-    # Sparse features (bag of words, TF-IDF) of formats that store them, e.g. the Extreme Classification
-    # Repository's: (N_train, D) and (N_test, D) float32 csr, or None. A dataset of features only has empty
-    # train_texts / test_texts.
-    train_features: sp.csr_matrix | None = None
+    # Sparse features (bag of words, TF-IDF) of the documents: (N_train, D) and (N_test, D) float32 csr, or None.
+    # Formats that store them give them as stored (a dataset of features only has empty train_texts /
+    # test_texts); the raw-text layout's features file gives train_features only, with L2-normalised rows, read
+    # when the field is first read (a FeatureFile until then, see _TrainFeatures).
+    train_features: sp.csr_matrix | None = _TrainFeatures()
     test_features: sp.csr_matrix | None = None
     # One text per label of label_names (a label the files give no text keeps its name), or None: the dataset
     # carries no label texts (label_texts.tsv in the raw-text layout, Y.txt / lbl.raw.txt in the XC repository's).
@@ -126,6 +158,11 @@ class Dataset:
     def label_counts(self) -> np.ndarray:
         """Training documents per label: (len(label_names),) int64; test-only labels count 0."""
         return np.bincount(self.train_labels.indices, minlength=len(self.label_names)).astype(np.int64)
+
+    @property
+    def has_train_features(self) -> bool:
+        """Whether the dataset has training features, answered without reading a features file."""
+        return self._train_features is not None
 
 
 # ---------------------------------------------------------------------------------------------- locating
@@ -247,12 +284,12 @@ def resolve_files(spec: DatasetSpec, data_dir: Path | None) -> Traversable | Pat
     raise _not_found(spec, str(data_dir / spec.dirname), None, hint)
 
 
-def _feature_file(folder: Traversable | Path) -> Path | None:
+def _feature_file(folder: Traversable | Path, num_docs: int) -> FeatureFile | None:
     if not isinstance(folder, Path):
         return None  # embedded resources ship texts only
     for name in _FEATURE_FILES:
         if (folder / name).is_file():
-            return folder / name
+            return FeatureFile(folder / name, num_docs)
     return None
 
 
@@ -605,10 +642,10 @@ def _load(spec: DatasetSpec, folder: Traversable | Path) -> Dataset:
         train_labels=train_labels,
         test_texts=test_texts,
         test_labels=test_labels,
-        feature_file=_feature_file(folder),
         propensity_a=spec.propensity_a,
         propensity_b=spec.propensity_b,
         report=counts,
+        train_features=_feature_file(folder, len(train_texts)),
         label_texts=label_texts,
     )
 

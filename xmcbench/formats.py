@@ -13,15 +13,14 @@ otherwise `read_dataset` takes them from a table of label texts in the dataset's
 refuses `--label-texts`, so no file silently wins over another.
 
 Helpers every reader may use: `dataset_from_rows` (label-name lists to the Dataset contract), `split_test`
-(a seeded, optionally grouped train/test split of a single file), `content_version` (the cache key of the
-files read and the options that shaped them) and `read_xc_sparse` (the Extreme Classification Repository's
-sparse files, parsed by scikit-learn's C parser).
+(a seeded, optionally grouped train/test split of a single file) and `content_version` (the cache key of the
+files read and the options that shaped them); the Extreme Classification Repository's sparse files are read
+by `xmcbench.features` (`read_xc_sparse`, `read_xc_matrix`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 from dataclasses import asdict, dataclass, replace
 from itertools import chain
 from pathlib import Path
@@ -31,7 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from xmcbench.data import IN_MEMORY, Dataset, _gc_paused, _label_matrix, data_dir_from_env, dataset_files, \
-    label_texts_file, load_dataset, load_dataset_from_path, open_binary, read_label_table, texts_for_labels
+    label_texts_file, load_dataset, load_dataset_from_path, read_label_table, texts_for_labels
 from xmcbench.errors import BadData, RefusedSetting, XmcError
 from xmcbench.storage import fingerprint, written_beside
 
@@ -323,7 +322,7 @@ def _dataset(name, version, label_names, num_labels, train_texts, train_labels, 
                       f"features {test_features.shape[1]}; both splits need one feature space")
     return Dataset(name=name, version=version, label_names=label_names, num_labels=num_labels,
                    train_texts=train_texts, train_labels=train_labels, test_texts=test_texts, test_labels=test_labels,
-                   feature_file=None, propensity_a=0.55, propensity_b=1.5, report=counts,
+                   propensity_a=0.55, propensity_b=1.5, report=counts,
                    train_features=train_features, test_features=test_features)
 
 
@@ -368,136 +367,6 @@ def _test_size(value: float) -> float | int:
         return value
     raise RefusedSetting(f"--test-size {value:g} is neither a share between 0 and 1 nor a whole number of rows; "
                          "e.g. --test-size 0.2 or --test-size 500")
-
-
-# ---------------------------------------------------------------------------------------------- XC sparse files
-
-@dataclass
-class XcSparse:
-    """One Extreme Classification Repository file: header 'N D L', then 'l1,l2 f:v f:v ...' per document.
-
-    features: (N, D) float32 csr, as stored (not normalised). labels: (N, L) float32 0/1 csr, L from the header.
-    """
-
-    features: sp.csr_matrix
-    labels: sp.csr_matrix
-
-
-def parse_xc_header(line: bytes | str) -> tuple[int, int, int] | None:
-    """'N D L' of an XC file's first line, or None when the line is not such a header."""
-    parts = line.split()
-    if len(parts) != 3 or not all(part.isdigit() for part in parts):
-        return None
-    n, d, l = (int(part) for part in parts)
-    return n, d, l
-
-
-def _xc_header_and_body(path: Path, parse_header, expected: str) -> tuple[tuple[int, ...], bytes]:
-    """The parsed header line and the bytes after it of an XC text file (plain or .xz/.gz/.bz2)."""
-    with open_binary(path) as stream:
-        raw = stream.read()
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    first_end = raw.find(b"\n")
-    header = parse_header(raw[:first_end if first_end >= 0 else len(raw)])
-    if header is None:
-        raise BadData(f"{path}: line 1 is not the {expected} header of an Extreme Classification Repository file; "
-                      "add it, or pass --format for another layout")
-    return header, raw[first_end + 1:] if first_end >= 0 else b""
-
-
-def _parse_xc_body(path: Path, body: bytes, num_docs: int, num_columns: int,
-                   expected: str = "'l1,l2 f:v f:v ...' lines with 0-based ids and sorted, unique features") \
-        -> tuple[sp.csr_matrix, list]:
-    """(N, num_columns) float32 csr of the 'f:v' pairs and the (N,) label-id tuples of the lines of an XC file
-    after its header, by scikit-learn's C svmlight parser; N must be the header's num_docs."""
-    from sklearn.datasets import load_svmlight_file
-
-    try:
-        # parsed as float64, then cast: scikit-learn's float32 path is slower by about half
-        features, labels = load_svmlight_file(io.BytesIO(body), n_features=num_columns, multilabel=True,
-                                              zero_based=True, dtype=np.float64)
-    except ValueError as error:
-        raise BadData(f"{path}: not a valid Extreme Classification Repository file after its header ({error}); "
-                      f"expected {expected}") from None
-    features = sp.csr_matrix(features, dtype=np.float32)
-    labels = list(labels)
-    if features.shape[0] != num_docs:
-        features, labels = _with_empty_lines(body, features, labels)
-    if features.shape[0] != num_docs:
-        raise BadData(f"{path}: header line 1 says {num_docs} documents but the file has {features.shape[0]} "
-                      "data lines; fix the header or re-export the file")
-    if not np.isfinite(features.data).all():
-        raise BadData(f"{path}: a value is not a finite number (nan or inf); fix or drop that entry")
-    return features, labels
-
-
-def read_xc_sparse(path: Path) -> XcSparse:
-    """Parse an XC file (plain or .xz/.gz/.bz2) with scikit-learn's C svmlight parser: no Python loop per token.
-
-    Lines with no labels (' 3:1.0') and empty lines (a document without labels or features) are documents.
-    Raises XmcError in one line for a missing header, a row count unlike the header's, a value that is not a
-    finite number, or anything the C parser rejects (its message carries no line number; the callers that
-    need one re-read with a line-by-line parser).
-    """
-    (num_docs, num_features, num_labels), body = _xc_header_and_body(
-        path, parse_xc_header, "'N D L' (documents, features, labels)")
-    features, labels = _parse_xc_body(path, body, num_docs, num_features)
-    del body
-    lengths = np.fromiter(map(len, labels), dtype=np.int64, count=len(labels))
-    ids = np.fromiter(chain.from_iterable(labels), dtype=np.float64, count=int(lengths.sum()))
-    if ids.size and (ids.min() < 0 or ids.max() >= num_labels or not np.array_equal(ids, np.floor(ids))):
-        raise BadData(f"{path}: a label id is not a whole number in [0, {num_labels}), the header's label count; "
-                      "ids are 0-based")
-    indptr = np.concatenate([[0], np.cumsum(lengths)])
-    label_matrix = sp.csr_matrix((np.ones(ids.size, dtype=np.float32), ids.astype(np.int64), indptr),
-                                 shape=(num_docs, num_labels))
-    label_matrix.sum_duplicates()
-    label_matrix.data[:] = 1.0
-    return XcSparse(features, label_matrix)
-
-
-def parse_xc_matrix_header(line: bytes | str) -> tuple[int, int] | None:
-    """'N C' (rows, columns) of the first line of an XC sparse matrix file, or None when it is not one."""
-    parts = line.split()
-    if len(parts) != 2 or not all(part.isdigit() for part in parts):
-        return None
-    return int(parts[0]), int(parts[1])
-
-
-def read_xc_matrix(path: Path) -> sp.csr_matrix:
-    """An XC sparse matrix file (plain or .xz/.gz/.bz2), as the label-feature datasets store their label
-    matrices (trn_X_Y.txt) and bag-of-words features (trn_X_Xf.txt): header 'N C', then per row 'j:v j:v ...'
-    with 0-based column ids (an empty line is an empty row). (N, C) float32 csr, values as stored.
-
-    The rows are an XC file's lines without labels, so the parser of read_xc_sparse reads them, each line
-    led by the space that marks an empty label list."""
-    (num_rows, num_columns), body = _xc_header_and_body(path, parse_xc_matrix_header, "'N C' (rows, columns)")
-    if body:
-        ends = body.endswith(b"\n")
-        body = b" " + (body[:-1] if ends else body).replace(b"\n", b"\n ") + (b"\n" if ends else b"")
-    matrix, _ = _parse_xc_body(path, body, num_rows, num_columns,
-                               "'j:v j:v ...' lines with 0-based column ids, sorted and unique within a line")
-    return matrix
-
-
-def _with_empty_lines(body: bytes, features: sp.csr_matrix, labels: list) -> tuple[sp.csr_matrix, list]:
-    """The parser skips empty (and comment-only) lines; in an XC file an empty line is a document: put them back."""
-    lines = body.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    empty = np.fromiter((not line.split(b"#", 1)[0].strip() for line in lines), dtype=bool, count=len(lines))
-    if features.shape[0] != int((~empty).sum()):
-        return features, labels
-    kept = np.flatnonzero(~empty)
-    row_lengths = np.zeros(len(lines), dtype=np.int64)
-    row_lengths[kept] = np.diff(features.indptr)
-    indptr = np.concatenate([[0], np.cumsum(row_lengths)])
-    full = sp.csr_matrix((features.data, features.indices, indptr), shape=(len(lines), features.shape[1]))
-    full_labels: list = [()] * len(lines)
-    for row, label in zip(kept.tolist(), labels):
-        full_labels[row] = label
-    return full, full_labels
 
 
 def open_dataset(registry, name: str, data_dir: Path | None = None,

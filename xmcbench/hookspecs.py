@@ -109,3 +109,16 @@ def xmcbench_register_metrics(registry):
     `compute(ranking)`, which returns {key: value} from an `xmcbench.metrics.Ranking` (the top predictions, their
     hits, the truth, the cut-offs, the inverse propensities, and the sums the built-in families share).
     """
+
+
+@hookspec
+def xmcbench_register_indexers(registry):
+    """Register label indexers: what groups a run's labels into its clusters, picked with `--set indexer=NAME`.
+
+    Call `registry.add_indexer(name, index, description)`. `index(label_features, num_clusters, seed, threads)`
+    receives the (L, F) float32 CSR label features with L2-normalised rows (PIFA: a label's documents' features
+    summed, `xmcbench.features.label_features`), the number of clusters K (a power of two below L), the run's
+    seed and its thread count (0: one per core), and returns the (L,) int64 cluster of each label: every cluster
+    holds floor(L/K) or ceil(L/K) labels, and cluster ids follow a binary tree (clusters c and c' are in one
+    node of n when c // (K // n) == c' // (K // n)), which the deeper tree levels read. See `xmcbench.indexing`.
+    """

@@ -74,9 +74,9 @@ def tree_level_clusters(num_clusters: int, tree_levels: tuple[int, ...]) -> list
     """The levels of a deeper label tree (TrainConfig.tree_levels, coarse to fine) above `num_clusters` leaf
     clusters: for each level after the first, a LabelClusters whose items are that level's nodes and whose
     clusters are the nodes of the level above; the last one's items are the leaf clusters. Leaf cluster ids
-    follow the binary tree the clustering builds (node i's children are 2i and 2i+1, see
-    xmcbench.clustering.balanced_clusters), so leaf c's ancestor among n nodes is c // (num_clusters // n),
-    and every level splits each node of the level above into the same number of children."""
+    follow a binary tree, as every label indexer numbers them (xmcbench.indexing), so leaf c's ancestor among n
+    nodes is c // (num_clusters // n), and every level splits each node of the level above into the same number
+    of children."""
     sizes = [*tree_levels, num_clusters]
     return [LabelClusters.from_assignment(torch.arange(finer) // (finer // coarser), coarser)
             for coarser, finer in zip(sizes, sizes[1:])]
@@ -416,8 +416,8 @@ class WholeMethod(ABC):
     #: records it in config.json, and the conformance suite then skips its determinism check)
     deterministic: bool = True
     #: True when the method can also fit on a dataset's own sparse features (fit_features, predict_features):
-    #: then a dataset that has them (bag-of-words files, PECOS X.npz) is fitted on them rather than on texts,
-    #: and a dataset with features but no texts can be run at all
+    #: then a dataset that has them for both splits (bag-of-words files, PECOS X.npz) is fitted on them rather
+    #: than on texts, and a dataset with features but no texts can be run at all
     reads_features: bool = False
 
     @classmethod

@@ -123,6 +123,17 @@ class ExecutorSpec:
     extra: str | None = None
 
 
+@dataclass(frozen=True)
+class IndexerSpec:
+    """A label indexer a plugin registered (`Registry.add_indexer`), for `--set indexer=NAME`:
+    `index(label_features, num_clusters, seed, threads)` returns the (L,) cluster of each label (the contract is
+    in xmcbench.indexing)."""
+
+    name: str
+    index: Callable[..., Any]
+    description: str
+
+
 class RegistrationError(XmcError):
     """A plugin registered something the registry rejects (wrong type, unknown kind, duplicate name)."""
 
@@ -148,8 +159,8 @@ def requested_plugins() -> list[str]:
 
 
 class Registry:
-    """Typed tables of components, methods, datasets, data formats, training loggers, grid executors and metric
-    families, filled by the plugins' hooks."""
+    """Typed tables of components, methods, datasets, data formats, training loggers, grid executors, metric
+    families and label indexers, filled by the plugins' hooks."""
 
     def __init__(self) -> None:
         self.components: dict[str, dict[str, Entry]] = {kind: {} for kind in COMPONENT_KINDS}
@@ -163,6 +174,7 @@ class Registry:
         self.loggers: dict[str, Entry] = {}   # training loggers (LoggerSpec) by name, for `--set loggers=...`
         self.executors: dict[str, Entry] = {}   # grid executors (ExecutorSpec) by name, for `compare --executor`
         self.metrics: dict[str, Entry] = {}   # metric families (xmcbench.metrics.MetricFamily) by name
+        self.indexers: dict[str, Entry] = {}   # label indexers (IndexerSpec) by name, for `--set indexer=...`
         self.plugins: list[PluginInfo] = []
         # plugins not loaded, each with a one-line error, and names rejected (RejectedName) of loaded plugins
         self.failed: list[FailedPlugin] = []
@@ -312,10 +324,17 @@ class Registry:
             return BUILTIN_FAMILIES
         return tuple(entry.value for entry in self.metrics.values())
 
+    def add_indexer(self, name: str, index: Callable[..., Any], description: str) -> None:
+        """A label indexer users pick with `--set indexer=NAME`: `index(label_features, num_clusters, seed,
+        threads)` returns the (L,) cluster of each label (see xmcbench.indexing); `description` is one line for
+        `xmcbench plugins`."""
+        spec = IndexerSpec(name, index, self._check_named_factory("indexer", name, index, description, None))
+        self._add(self.indexers, f"indexer {name!r}", name, spec)
+
     def _check_named_factory(self, what: str, name: str, factory: Any, description: Any, extra: Any) -> str:
         """Check a registration of a named factory with a description and an optional pip extra (loggers,
-        executors); return the description on one line."""
-        self._check_name(f"a {what}", name)
+        executors, indexers); return the description on one line."""
+        self._check_name(f"{'an' if what[0] in 'aeiou' else 'a'} {what}", name)
         if not callable(factory):
             raise RegistrationError(f"plugin {self._origin()} registers {what} {name!r} with a factory that is "
                                     f"not callable: {_short_repr(factory)}")
@@ -460,6 +479,14 @@ class Registry:
             raise UnknownName(f"unknown executor {name!r} for --executor: {closest_names_hint(name, self.executors)} "
                               f"(`xmcbench plugins` lists them{self._missing_hint()})")
         return self.executors[name].value
+
+    def indexer(self, name: str) -> IndexerSpec:
+        """The label indexer `name` (`--set indexer=NAME`)."""
+        if name not in self.indexers:
+            raise UnknownName(f"unknown indexer {name!r} in indexer: the registered ones are "
+                              f"{', '.join(sorted(self.indexers)) or 'none'} (`xmcbench plugins` lists them"
+                              f"{self._missing_hint()})")
+        return self.indexers[name].value
 
     # -- filling ----------------------------------------------------------------------------------
     def register_plugin(self, plugin_manager: pluggy.PluginManager, plugin: Any, name: str,

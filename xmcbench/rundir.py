@@ -281,7 +281,7 @@ def write_run_config(output: Path, plan: Plan, dataset: Dataset, registry: Regis
     write_json(output / "config.json", {"method": plan.method, "dataset": dataset_ref, "dataset_name": dataset.name,
                                         "dataset_version": dataset.version, "config": plan.config.to_dict(),
                                         **reading, **plan.describe(), "resolved": resolved, "provenance": record})
-    code = {key: record[key] for key in ("xmcbench", "method", "components") if key in record}
+    code = {key: record[key] for key in ("xmcbench", "method", "components", "indexer") if key in record}
     write_json(output / "environment.json", {**environment(packages), "provenance": code})
 
 

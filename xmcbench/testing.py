@@ -1466,7 +1466,7 @@ def check_method(registry, method: str, settings: list[str] | dict = ()) -> None
         config = plan.config
         train_rows, _ = split_train_rows(dataset, config)
         with check.rule("building the model must work"):
-            model = build_model(registry, config, label_clusters(dataset, config, train_rows),
+            model = build_model(registry, config, label_clusters(dataset, config, train_rows, registry),
                                 label_info=label_info(dataset, config, train_rows))
         _check_shared_towers(check, model)
 

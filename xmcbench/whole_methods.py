@@ -64,8 +64,10 @@ def predict(model: WholeMethod, documents: list[str] | sp.csr_matrix, top_k: int
 
 def reads_features(method: type[WholeMethod], dataset: Dataset) -> bool:
     """Whether a run of `method` on `dataset` fits on the dataset's own sparse features rather than its texts:
-    when the dataset has them and the method reads them (WholeMethod.reads_features)."""
-    return method.reads_features and dataset.train_features is not None
+    when the method reads them (WholeMethod.reads_features) and the dataset has them for both splits. The
+    raw-text layout's features file covers the training documents only, so such a dataset is read as texts
+    (and its file is not read: the test split is asked first)."""
+    return method.reads_features and dataset.test_features is not None and dataset.train_features is not None
 
 
 def documents_of(dataset: Dataset, split: str, rows: np.ndarray | None, features: bool) -> list[str] | sp.csr_matrix:

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from xmcbench import synthetic
-from xmcbench.clustering import balanced_clusters, label_features
+from xmcbench.clustering import balanced_clusters
+from xmcbench.features import label_features
 
 MEASURED = {"docs": 60_000, "labels": 20_000}
 TINY = {"docs": 2_000, "labels": 500}

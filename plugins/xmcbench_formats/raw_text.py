@@ -39,7 +39,8 @@ def one_line(text: str) -> str:
 
 def write(dataset: Dataset, folder: Path, options: FormatOptions) -> None:
     options.refuse(NAME, "text_column", "label_column", "label_separator", "id_column", "test_size")
-    if dataset.train_features is not None and not dataset.train_texts:
+    # texts first: a raw-text dataset's train_features would read its features file to answer
+    if not dataset.train_texts and dataset.train_features is not None:
         raise XmcError(f"dataset '{dataset.name}' has sparse features but no texts, and the raw_text layout holds "
                        "texts only; write it as xc_sparse or pecos instead")
     spaced = next((name for name in dataset.label_names if name != name.strip() or any(c in name for c in " \t\n\r")

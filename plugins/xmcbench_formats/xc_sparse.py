@@ -15,8 +15,9 @@ import scipy.sparse as sp
 
 from xmcbench.data import Dataset, _first_file, open_binary
 from xmcbench.errors import XmcError
-from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset_from_matrices, parse_xc_header, \
-    read_xc_sparse, split_test, write_label_table
+from xmcbench.features import parse_xc_header, read_xc_sparse
+from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset_from_matrices, split_test, \
+    write_label_table
 from xmcbench.storage import atomic_write
 
 NAME = "xc_sparse"
@@ -93,7 +94,8 @@ def write(dataset: Dataset, folder: Path, options: FormatOptions) -> None:
     from sklearn.datasets import dump_svmlight_file
 
     options.refuse(NAME, "text_column", "label_column", "label_separator", "id_column", "test_size")
-    if dataset.train_features is None or dataset.test_features is None:
+    # test first: a raw-text dataset (no test features) would read its features file to answer
+    if dataset.test_features is None or dataset.train_features is None:
         raise XmcError(f"dataset '{dataset.name}' has no sparse features, and xc_sparse files hold features, not "
                        "texts; write it as delimited, raw_text or pecos instead")
     ids = label_ids(dataset.label_names)

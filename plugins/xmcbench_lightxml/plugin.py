@@ -1,5 +1,7 @@
-"""Entry point of the reference plugin set: registers LightXML's components, methods and the paper's benchmarks."""
+"""Entry point of the reference plugin set: registers LightXML's components, methods, label indexer and the paper's
+benchmarks."""
 
+from xmcbench.clustering import balanced_clusters
 from xmcbench.hookspecs import hookimpl
 from xmcbench_lightxml.datasets import paper_datasets
 from xmcbench_lightxml.encoder import build_transformer_cls
@@ -30,3 +32,9 @@ def xmcbench_register_methods(registry):
 def xmcbench_register_datasets(registry):
     for dataset in paper_datasets():
         registry.add_dataset(dataset)
+
+
+@hookimpl
+def xmcbench_register_indexers(registry):
+    registry.add_indexer("balanced-2means", balanced_clusters,
+                         "recursive balanced spherical 2-means on the labels' PIFA features (LightXML, AttentionXML)")

@@ -14,7 +14,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from xmcbench import api
-from xmcbench.clustering import num_clusters_for
+from xmcbench.indexing import num_clusters_for
 from xmcbench.registry import build_registry
 from xmcbench.testing import check_component, make_tiny_transformer, tiny_config, write_tiny_dataset
 from xmcbench_cascade.encoder import build_transformer_levels, derived_level_layers, parse_level_layers

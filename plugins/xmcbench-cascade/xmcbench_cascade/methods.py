@@ -25,7 +25,7 @@ and 43.6, 48.6, 49.2 at 1e-2 (LightXML's: 37.8, 49.0, 50.1).
 
 from __future__ import annotations
 
-from xmcbench.clustering import num_clusters_for
+from xmcbench.indexing import num_clusters_for
 from xmcbench.config import MethodSpec
 from xmcbench.defaults import Derived, DeviceFacts, DatasetStatistics
 
