@@ -25,10 +25,8 @@ only in their undecodable bytes stay two labels.
 
 from __future__ import annotations
 
-import bz2
 import contextlib
 import gc
-import gzip
 import hashlib
 import lzma
 import os
@@ -42,6 +40,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from xmcbench.errors import BadData, XmcError
+from xmcbench.storage import COMPRESSED_SUFFIXES, open_binary
 
 IN_MEMORY = "in-memory:"   # the dataset name of data given as Python lists (xmcbench.api): never read from disk
 
@@ -50,9 +49,7 @@ PathLike = Traversable | Path | str
 ENV_DATA_DIR = "XMCBENCH_DATA_DIR"
 
 # Plain first: a user who decompressed a file by hand means the plain copy.
-_COMPRESSED = (".xz", ".gz", ".bz2")
-_EXTENSIONS = ("",) + _COMPRESSED
-_OPENERS = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}
+_EXTENSIONS = ("",) + COMPRESSED_SUFFIXES
 
 # Files are read in blocks cut at newlines, so peak memory stays near the size of the result
 # instead of file bytes + decoded text + lines all at once (Wiki-500K's raw texts are several GB).
@@ -95,7 +92,7 @@ class FeatureFile:
 
     def read(self) -> sp.csr_matrix:
         """(num_docs, F) float32 csr with L2-normalised rows."""
-        from xmcbench.features import read_sparse_features   # which reads files with this module's open_binary
+        from xmcbench.features import read_sparse_features   # scipy's parsers: only when the features are read
 
         return read_sparse_features(self.path, self.num_docs)
 
@@ -296,20 +293,6 @@ def _feature_file(folder: Traversable | Path, num_docs: int) -> FeatureFile | No
 # ---------------------------------------------------------------------------------------------- reading
 
 
-@contextlib.contextmanager
-def open_binary(file: PathLike):
-    """A binary stream of the file's contents, decompressing by suffix."""
-    file = Path(file) if isinstance(file, str) else file
-    opener = next((_OPENERS[ext] for ext in _COMPRESSED if file.name.endswith(ext)), None)
-    with file.open("rb") as raw:
-        if opener is None:
-            yield raw
-        else:
-            # The decompressor does not close a stream it was handed; the outer `with` does.
-            with opener(raw) as stream:
-                yield stream
-
-
 def _decode_block(block: bytes, counts: dict[str, int], errors: str = "replace") -> list[str]:
     """Lines of a block that ends with b"\\n"; counts repairs into ``counts``.
 
@@ -415,7 +398,7 @@ def read_label_lines(path: PathLike) -> list[list[str]]:
     Labels are returned as written (duplicates included); ``load_dataset`` keeps each label once per document.
     Undecodable bytes in a label name become ``\\xNN`` escapes, as in ``load_dataset``.
     """
-    with _gc_paused():
+    with gc_paused():
         return list(map(split_labels, _read_lines(path, {}, errors="backslashreplace")))
 
 
@@ -434,7 +417,7 @@ class LabelTable:
 def _table_kind(file: PathLike) -> str:
     """tsv, csv or jsonl from the file's name (a compression suffix is looked through); tsv by default."""
     name = (Path(file) if isinstance(file, str) else file).name.lower()
-    for ext in _COMPRESSED:
+    for ext in COMPRESSED_SUFFIXES:
         name = name.removesuffix(ext)
     return "csv" if name.endswith(".csv") else "jsonl" if name.endswith((".jsonl", ".ndjson")) else "tsv"
 
@@ -540,7 +523,7 @@ def texts_for_labels(label_names: list[str], texts: dict[str, str], counts: dict
     return result
 
 
-def _label_matrix(rows: list[list[str]], vocab: dict[str, int], width: int) -> tuple[sp.csr_matrix, int]:
+def label_matrix(rows: list[list[str]], vocab: dict[str, int], width: int) -> tuple[sp.csr_matrix, int]:
     """0/1 matrix (len(rows), width) float32 from label-name lists, and how many rows had a repeated label."""
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
     indptr = np.zeros(len(rows) + 1, dtype=np.int64)
@@ -554,7 +537,7 @@ def _label_matrix(rows: list[list[str]], vocab: dict[str, int], width: int) -> t
 
 
 @contextlib.contextmanager
-def _gc_paused():
+def gc_paused():
     """Millions of label lists would trigger repeated full garbage collections, none of which can free anything."""
     enabled = gc.isenabled()
     gc.disable()
@@ -622,8 +605,8 @@ def _load(spec: DatasetSpec, folder: Traversable | Path) -> Dataset:
     vocab = {name: i for i, name in enumerate(label_names)}
     _count(counts, "unseen_test_labels", len(test_only))
 
-    train_labels, train_dups = _label_matrix(train_rows, vocab, len(label_names))
-    test_labels, test_dups = _label_matrix(test_rows, vocab, len(label_names))
+    train_labels, train_dups = label_matrix(train_rows, vocab, len(label_names))
+    test_labels, test_dups = label_matrix(test_rows, vocab, len(label_names))
     _count(counts, "duplicate_label_lines", train_dups + test_dups)
 
     label_texts = None
@@ -653,7 +636,7 @@ def _load(spec: DatasetSpec, folder: Traversable | Path) -> Dataset:
 def load_dataset(spec: DatasetSpec, data_dir: Path | None = None) -> Dataset:
     """Read a registered dataset from its embedded copy or from ``data_dir / spec.dirname``."""
     folder = resolve_files(spec, data_dir)
-    with _gc_paused():
+    with gc_paused():
         return _load(spec, folder)
 
 
@@ -667,5 +650,5 @@ def load_dataset_from_path(path: Path) -> Dataset:
     _, missing = dataset_files(path)
     if missing:
         raise _not_found(spec, str(path), missing, "add the missing files (plain or .xz/.gz/.bz2)")
-    with _gc_paused():
+    with gc_paused():
         return _load(spec, path)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Callable
 from xmcbench.config import parse_set_options
 from xmcbench.data import IN_MEMORY, Dataset, data_dir_from_env
 from xmcbench.errors import XmcError, error_line, first_line, joined_line
-from xmcbench.progress import _duration, log_interval
+from xmcbench.progress import duration, log_interval
 from xmcbench.registry import Registry, build_registry
 
 if TYPE_CHECKING:   # the run layer (torch, transformers) is imported where a grid runs, not when plugins load
@@ -291,8 +291,8 @@ class GridProgress:
             self.durations.append(result.seconds if result.seconds > 0 else time.monotonic() - (since or self.started))
         if result.log and result.status != REUSED:   # lines the cell's run folder could not take (it failed first)
             self.line(f"{task.describe()}: its log before it failed:\n{result.log.rstrip()}", to_terminal=False)
-        what = {TRAINED: f"trained in {_duration(result.seconds)}", RESUMED: f"resumed, done in "
-                f"{_duration(result.seconds)}", REUSED: "reused (another grid finished it meanwhile)",
+        what = {TRAINED: f"trained in {duration(result.seconds)}", RESUMED: f"resumed, done in "
+                f"{duration(result.seconds)}", REUSED: "reused (another grid finished it meanwhile)",
                 FAILED: f"FAILED: {result.error}", INTERRUPTED: f"stopped: {result.error}"}[result.status]
         self.line(f"{task.describe()}: {what}" + (f" ({task.run_dir})" if result.status in FINISHED else ""))
 
@@ -316,12 +316,12 @@ class GridProgress:
         if self.durations and waiting:
             mean = sum(self.durations) / len(self.durations)
             left = sum(max(mean - (now - self.running_since[name]), 0.0) for name in running) + mean * counts[3]
-            eta = _duration(left / self.concurrency)
+            eta = duration(left / self.concurrency)
         elif not waiting:
             eta = "0:00"
         self.line(f"grid: {counts[0]} done, {counts[1]} running, {counts[2]} failed, "
                   + (f"{stopped} interrupted, " if stopped else "")
-                  + f"{counts[3]} queued of {len(self.tasks)} cells; elapsed {_duration(now - self.started)}, ETA {eta}")
+                  + f"{counts[3]} queued of {len(self.tasks)} cells; elapsed {duration(now - self.started)}, ETA {eta}")
 
 
 def cell_is_running(lock: Path) -> bool:

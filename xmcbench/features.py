@@ -13,6 +13,7 @@ Shapes: N documents, F features, L labels.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import lzma
 import math
@@ -24,14 +25,24 @@ from typing import Iterable
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.datasets import load_svmlight_file
-from sklearn.feature_extraction.text import TfidfVectorizer
-from sklearn.preprocessing import normalize
-from sklearn.utils.extmath import row_norms
 
-from xmcbench.data import open_binary
+from xmcbench.storage import open_binary
 from xmcbench.errors import BadData, XmcError
 from xmcbench.workers import available_cores, fork_available, run_forked
+
+# scikit-learn (a second of imports) is bound on first use (bind_scikit_learn): the data formats import this module
+# when their plugin loads, and `xmcbench plugins` or `datasets` should not pay for it
+SCIKIT_LEARN = {"load_svmlight_file": "sklearn.datasets", "TfidfVectorizer": "sklearn.feature_extraction.text",
+                "normalize": "sklearn.preprocessing", "row_norms": "sklearn.utils.extmath"}
+load_svmlight_file = TfidfVectorizer = normalize = row_norms = None
+
+
+def bind_scikit_learn() -> None:
+    """Bind this module's scikit-learn names (SCIKIT_LEARN) on first use; a name bound already stays (a test may
+    have replaced it, and forked workers inherit the module as it is)."""
+    for name, module in SCIKIT_LEARN.items():
+        if globals()[name] is None:
+            globals()[name] = getattr(importlib.import_module(module), name)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -46,6 +57,8 @@ def tfidf_features(train_texts: list[str], max_features: int | None = None) -> s
     Returns (N, F) csr float32, rows L2-normalised (sublinear tf, unigrams, lowercase,
     min_df=2, or 1 when N < 50 because on tiny corpora min_df=2 would drop almost every term).
     """
+    bind_scikit_learn()
+
     n = len(train_texts)
     vectorizer = TfidfVectorizer(
         lowercase=True,
@@ -70,6 +83,8 @@ def tfidf_features(train_texts: list[str], max_features: int | None = None) -> s
 def unit_rows(features) -> sp.csr_matrix:
     """(R, F) csr float32 with L2-normalised (or zero) rows: the input itself when it already is one, so that
     rows normalised before (TF-IDF, read_sparse_features) keep their exact values."""
+    bind_scikit_learn()
+
     x = features
     if not (sp.issparse(x) and x.format == "csr" and x.dtype == np.float32):
         x = sp.csr_matrix(x, dtype=np.float32)
@@ -122,6 +137,8 @@ def _parse_xc_body(path: Path, body: bytes, num_docs: int, num_columns: int,
         -> tuple[sp.csr_matrix, list]:
     """(N, num_columns) float32 csr of the 'f:v' pairs and the (N,) label-id tuples of the lines of an XC file
     after its header, by scikit-learn's C svmlight parser; N must be the header's num_docs."""
+    bind_scikit_learn()
+
     try:
         # parsed as float64, then cast: scikit-learn's float32 path is slower by about half
         features, labels = load_svmlight_file(io.BytesIO(body), n_features=num_columns, multilabel=True,
@@ -287,6 +304,8 @@ def _parse_lines(
 def _read_svmlight(path: Path) -> sp.csr_matrix:
     """LightXML's train_v1.txt. sklearn's C parser is fast but its errors carry no line number, so on
     failure (or on non-finite values, which it accepts) we re-read with the Python parser to locate the line."""
+    bind_scikit_learn()
+
     try:
         with open_binary(path) as fh:
             x, _ = load_svmlight_file(fh, multilabel=True, zero_based=True, dtype=np.float32)
@@ -332,6 +351,8 @@ def read_sparse_features(path: Path, num_docs: int | None = None) -> sp.csr_matr
     num_docs: expected N (the number of training texts); a mismatch raises XmcError.
     Returns (N, F) csr float32 with L2-normalised rows (all-zero rows stay zero).
     """
+    bind_scikit_learn()
+
     path = Path(path)
     if not path.is_file():
         raise XmcError(f"{path}: feature file not found; check the dataset directory or the features path")
@@ -370,6 +391,8 @@ def label_features(doc_features: sp.csr_matrix, labels: sp.csr_matrix, threads: 
     Returns (L, F) csr float32; labels with no document get an all-zero row. The column indices within a row
     are not sorted: nothing downstream needs them sorted, and sorting 10^8 entries costs seconds.
     """
+    bind_scikit_learn()
+
     if doc_features.shape[0] != labels.shape[0]:
         raise ValueError(
             f"doc_features has {doc_features.shape[0]} rows but labels has {labels.shape[0]}; they must match"
@@ -406,6 +429,8 @@ def _label_features_in_workers(label_docs: sp.csr_matrix, docs: sp.csr_matrix, w
     rest: the returned matrix's data and indices live in that shared memory (a process forked later shares
     them rather than copying them on write), freed with the matrix.
     """
+    bind_scikit_learn()
+
     num_labels, num_features = label_docs.shape[0], docs.shape[1]
     # pieces of about equal work, several per worker: a worker's own product stays small and the bar moves
     # A label on most documents carries most of the work, so several cut points can fall on the same label:

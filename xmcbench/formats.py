@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from xmcbench.data import IN_MEMORY, Dataset, _gc_paused, _label_matrix, data_dir_from_env, dataset_files, \
+from xmcbench.data import IN_MEMORY, data_dir_from_env, Dataset, dataset_files, gc_paused, label_matrix, \
     label_texts_file, load_dataset, load_dataset_from_path, read_label_table, texts_for_labels
 from xmcbench.errors import BadData, RefusedSetting, XmcError
 from xmcbench.storage import fingerprint, written_beside
@@ -235,13 +235,13 @@ def dataset_from_rows(name: str, version: str, train_texts: list[str], train_row
     train_rows, test_rows: (N_train,), (N_test,) lists of label names. where: the path, for error messages.
     """
     _check_sizes(where, len(train_rows), len(test_rows))
-    with _gc_paused():
+    with gc_paused():
         train_vocab = sorted(set(chain.from_iterable(train_rows)))
         test_only = sorted(set(chain.from_iterable(test_rows)).difference(train_vocab))
         label_names = train_vocab + test_only
         vocab = {label: i for i, label in enumerate(label_names)}
-        train_labels, train_dups = _label_matrix(train_rows, vocab, len(label_names))
-        test_labels, test_dups = _label_matrix(test_rows, vocab, len(label_names))
+        train_labels, train_dups = label_matrix(train_rows, vocab, len(label_names))
+        test_labels, test_dups = label_matrix(test_rows, vocab, len(label_names))
     counts = dict(report or {})
     _count(counts, "duplicate_label_lines", train_dups + test_dups)
     return _dataset(name, version, label_names, len(train_vocab), train_texts, train_labels, test_texts, test_labels,

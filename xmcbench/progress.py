@@ -27,7 +27,7 @@ def _status(fields: dict) -> str:
                      for key, value in values.items() if value is not None)
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     seconds = int(round(seconds))
     hours, rest = divmod(seconds, 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
@@ -83,9 +83,9 @@ def progress_bar(description: str, total: int, unit: str = "", completed: int = 
         where = f" in {elapsed:.1f} s" if final else f" ({100 * state['done'] / max(total, 1):.0f}%)"
         parts = [f"{description}: {state['done']}/{total}{noun}{where}"]
         if not final:
-            parts.append(f"elapsed {_duration(elapsed)}")
+            parts.append(f"elapsed {duration(elapsed)}")
             if rate > 0:
-                parts.append(f"ETA {_duration((total - state['done']) / rate)}")
+                parts.append(f"ETA {duration((total - state['done']) / rate)}")
         if unit and rate > 0:
             parts.append(f"{rate:.1f} {unit}/s")
         return "  ".join(parts + [_status(state["fields"])]).rstrip()

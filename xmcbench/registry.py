@@ -28,11 +28,14 @@ Environment:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
+import importlib
 import importlib.metadata
 import inspect
 import json
 import os
+import re
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -52,10 +55,58 @@ BAD_NAME_CHARACTERS = "/=,"
 DISABLE_AUTOLOAD_ENV = "XMCBENCH_DISABLE_PLUGIN_AUTOLOAD"
 PLUGINS_ENV = "XMCBENCH_PLUGINS"
 BUILTIN_DISTRIBUTION = "xmcbench"
+# "package.module:attribute.path": a factory named by the entry-point syntax, imported when first used (LazyFactory)
+LAZY_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 # Every hook of hookspecs.py, in the order they are defined there and run for each plugin (components
 # first, so a plugin's methods may name its components).
 HOOK_NAMES = tuple(name for name, value in vars(hookspecs).items()
                    if callable(value) and hasattr(value, hookspecs.PROJECT_NAME + "_spec"))
+
+
+class LazyFactory:
+    """A factory a plugin names as "module:attribute" (the entry-point syntax) instead of passing it: imported
+    when it is first called or its signature is read, so that registering costs no import and `xmcbench
+    plugins` or `datasets` do not load torch for every plugin's components. A name that cannot be imported
+    fails there, in one XmcError line naming the plugin."""
+
+    def __init__(self, target: str, owner: str) -> None:
+        self.target = target
+        self.owner = owner   # "encoder 'transformer-cls' of plugin lightxml (xmcbench 0.1.0)", for errors
+        self._value: Callable[..., Any] | None = None
+        # where the factory lives, known without importing it (messages and checks that name a factory read these)
+        self.__module__, _, self.__qualname__ = target.partition(":")
+        self.__name__ = self.__qualname__.rpartition(".")[2]
+
+    def resolve(self) -> Callable[..., Any]:
+        if self._value is None:
+            module_name, _, attribute = self.target.partition(":")
+            try:
+                value: Any = importlib.import_module(module_name)
+                for part in attribute.split("."):
+                    value = getattr(value, part)
+            except Exception as error:   # an import error of the plugin's code, or a name it lacks
+                raise XmcError(f"{self.owner}: cannot import {self.target} ({type(error).__name__}: "
+                               f"{joined_line(error)}); reinstall the plugin or fix its registration") from None
+            if not callable(value):
+                raise XmcError(f"{self.owner}: {self.target} is not callable: {_short_repr(value)}")
+            self._value = value
+        return self._value
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:   # what call_factory reads to pass the keywords it declares
+        return inspect.signature(self.resolve())
+
+    def __repr__(self) -> str:
+        return f"LazyFactory({self.target!r})"
+
+
+def resolved(factory: Any) -> Any:
+    """The factory itself: a LazyFactory's import done (its errors one XmcError line), anything else as given.
+    What the registry's lookups return, so that a run gets, and a test can compare, the plugin's own object."""
+    return factory.resolve() if isinstance(factory, LazyFactory) else factory
 
 
 @dataclass(frozen=True)
@@ -210,12 +261,12 @@ class Registry:
             raise RegistrationError(f"plugin {self._origin()} registers a component of unknown kind {kind!r}; "
                                     f"kinds are {', '.join(COMPONENT_KINDS)}")
         self._check_name(f"a {kind}", name)
-        if not callable(factory):
-            raise RegistrationError(f"plugin {self._origin()} registers {kind} {name!r} with a factory that is "
-                                    f"not callable: {_short_repr(factory)}")
+        factory = self._callable(factory, f"{kind} {name!r}")
         if not all(isinstance(option, Option) for option in options):
             raise RegistrationError(f"plugin {self._origin()} registers {kind} {name!r} with options that are not "
                                     "xmcbench.config.Option objects")
+        if isinstance(check, str) and LAZY_TARGET.fullmatch(check):
+            check = LazyFactory(check, f"the check of {kind} {name!r} of plugin {self._origin()}")
         if check is not None and not callable(check):
             raise RegistrationError(f"plugin {self._origin()} registers {kind} {name!r} with a check that is not "
                                     f"callable: {_short_repr(check)}; give check(config, label_info), or None")
@@ -244,7 +295,7 @@ class Registry:
             raise RegistrationError(f"plugin {self._origin()} registers a method that is not a MethodSpec: "
                                     f"{_short_repr(method)}")
         if method.whole_method is not None:
-            from xmcbench.interfaces import WholeMethod
+            from xmcbench.whole_contract import WholeMethod
 
             if not (isinstance(method.whole_method, type) and issubclass(method.whole_method, WholeMethod)):
                 raise RegistrationError(f"plugin {self._origin()} registers method {method.name!r} whose whole_method "
@@ -276,7 +327,8 @@ class Registry:
         """A training logger users enable with `--set loggers=NAME`: `factory(run_dir, config)` returns an
         `xmcbench.callbacks.TrainingCallback` (see xmcbench/callbacks.py); `description` is one line for
         `xmcbench plugins`; `extra` names the pip extra providing its library, None if it needs none."""
-        spec = LoggerSpec(name, factory, self._check_named_factory("logger", name, factory, description, extra), extra)
+        factory, description = self._check_named_factory("logger", name, factory, description, extra)
+        spec = LoggerSpec(name, factory, description, extra)
         self._add(self.loggers, f"logger {name!r}", name, spec)
 
     def add_executor(self, name: str, factory: Callable[..., Any], description: str,
@@ -284,8 +336,8 @@ class Registry:
         """A grid executor users choose with `xmcbench compare --executor NAME`: `factory(options)` returns an
         `xmcbench.executors.Executor` (see xmcbench/executors.py); `description` is one line for `xmcbench
         plugins`; `extra` names the pip extra providing its engine, None if it needs none."""
-        spec = ExecutorSpec(name, factory, self._check_named_factory("executor", name, factory, description, extra),
-                            extra)
+        factory, description = self._check_named_factory("executor", name, factory, description, extra)
+        spec = ExecutorSpec(name, factory, description, extra)
         self._add(self.executors, f"executor {name!r}", name, spec)
 
     def add_metric_family(self, family) -> None:
@@ -328,23 +380,34 @@ class Registry:
         """A label indexer users pick with `--set indexer=NAME`: `index(label_features, num_clusters, seed,
         threads)` returns the (L,) cluster of each label (see xmcbench.indexing); `description` is one line for
         `xmcbench plugins`."""
-        spec = IndexerSpec(name, index, self._check_named_factory("indexer", name, index, description, None))
+        index, description = self._check_named_factory("indexer", name, index, description, None)
+        spec = IndexerSpec(name, index, description)
         self._add(self.indexers, f"indexer {name!r}", name, spec)
 
-    def _check_named_factory(self, what: str, name: str, factory: Any, description: Any, extra: Any) -> str:
+    def _check_named_factory(self, what: str, name: str, factory: Any, description: Any,
+                             extra: Any) -> tuple[Any, str]:
         """Check a registration of a named factory with a description and an optional pip extra (loggers,
-        executors, indexers); return the description on one line."""
+        executors, indexers); return the factory (a LazyFactory for "module:attribute") and the description on
+        one line."""
         self._check_name(f"{'an' if what[0] in 'aeiou' else 'a'} {what}", name)
-        if not callable(factory):
-            raise RegistrationError(f"plugin {self._origin()} registers {what} {name!r} with a factory that is "
-                                    f"not callable: {_short_repr(factory)}")
+        factory = self._callable(factory, f"{what} {name!r}")
         if not isinstance(description, str) or not description.strip():
             raise RegistrationError(f"plugin {self._origin()} registers {what} {name!r} without a description "
                                     f"(one line of text): {_short_repr(description)}")
         if extra is not None and (not isinstance(extra, str) or not extra or extra != extra.strip()):
             raise RegistrationError(f"plugin {self._origin()} registers {what} {name!r} with extra "
                                     f"{_short_repr(extra)}; give the name of a pip extra, or None")
-        return " ".join(description.split())
+        return factory, " ".join(description.split())
+
+    def _callable(self, value: Any, what: str) -> Any:
+        """A registered factory or check as given, or the LazyFactory of a "module:attribute" string; anything
+        else that is not callable is refused with the plugin named."""
+        if isinstance(value, str) and LAZY_TARGET.fullmatch(value):
+            return LazyFactory(value, f"{what} of plugin {self._origin()}")
+        if not callable(value):
+            raise RegistrationError(f"plugin {self._origin()} registers {what} with a factory that is not callable: "
+                                    f"{_short_repr(value)}; give a callable, or \"module:attribute\" naming one")
+        return value
 
     def _origin(self) -> str:
         info = self._current
@@ -437,7 +500,7 @@ class Registry:
         if name not in table:
             raise UnknownName(f"unknown {kind} {name!r}: {closest_names_hint(name, table)} "
                               f"(`xmcbench plugins` lists them{self._missing_hint()})")
-        return table[name].value
+        return resolved(table[name].value)
 
     def default_dataset(self) -> str:
         """The dataset a run uses when none is named: the first registered one whose plugin marks it
@@ -471,7 +534,7 @@ class Registry:
         if name not in self.loggers:
             raise UnknownName(f"unknown logger {name!r} in loggers: {closest_names_hint(name, self.loggers)} "
                               f"(`xmcbench plugins` lists them{self._missing_hint()})")
-        return self.loggers[name].value.factory
+        return resolved(self.loggers[name].value.factory)
 
     def executor(self, name: str) -> ExecutorSpec:
         """The grid executor `name` (`xmcbench compare --executor NAME`)."""
@@ -486,7 +549,8 @@ class Registry:
             raise UnknownName(f"unknown indexer {name!r} in indexer: the registered ones are "
                               f"{', '.join(sorted(self.indexers)) or 'none'} (`xmcbench plugins` lists them"
                               f"{self._missing_hint()})")
-        return self.indexers[name].value
+        spec = self.indexers[name].value
+        return dataclasses.replace(spec, index=resolved(spec.index))
 
     # -- filling ----------------------------------------------------------------------------------
     def register_plugin(self, plugin_manager: pluggy.PluginManager, plugin: Any, name: str,

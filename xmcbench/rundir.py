@@ -36,17 +36,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
-import torch
 
 import xmcbench
 from xmcbench.data import IN_MEMORY, Dataset
 from xmcbench.errors import XmcError
 from xmcbench.formats import FormatOptions
-from xmcbench.inference import Predictions
 from xmcbench.registry import Registry
 from xmcbench.storage import atomic_write, read_json, replace_folder, staging_folder, write_json
 
 if TYPE_CHECKING:
+    import torch
+
+    from xmcbench.inference import Predictions
     from xmcbench.runs.plan import Plan
 
 RUN_MARKER = ".xmcbench-run"
@@ -225,6 +226,8 @@ def default_output(plan: Plan) -> Path:
 def environment(packages: tuple[str, ...] = ()) -> dict:
     """environment.json: library versions (`packages`: a method's own backends too, None when missing),
     platform, GPU, date."""
+    import torch   # loggers import this module when their plugin loads: torch only where it is used
+
     versions = {"python": sys.version.split()[0], "xmcbench": xmcbench.__version__}
     for package in VERSIONED_PACKAGES + tuple(packages):
         try:
@@ -246,6 +249,8 @@ PROCESS_STATUS = Path("/proc/self/status")
 def reset_peak_memory() -> None:
     """Start a run's memory peaks from what the process holds now: `compare` trains its runs one after another
     in one process, and without the reset every run would report the largest peak of the runs before it."""
+    import torch
+
     try:
         PEAK_RSS_RESET.write_text("5")
     except OSError:
@@ -258,6 +263,8 @@ def reset_peak_memory() -> None:
 def peak_memory_mb(device: torch.device) -> dict:
     """The peak resident memory since reset_peak_memory (VmHWM; elsewhere the process's ru_maxrss), and on a
     GPU the peak allocated by torch on `device`."""
+    import torch
+
     try:
         kilobytes = next(int(line.split()[1]) for line in PROCESS_STATUS.read_text().splitlines()
                          if line.startswith("VmHWM:"))

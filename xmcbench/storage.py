@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import bz2
 import contextlib
+import gzip
 import hashlib
 import json
+import lzma
 import os
 import re
 import shutil
@@ -135,3 +138,22 @@ def written_beside(target: Path):
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+COMPRESSED_SUFFIXES = (".xz", ".gz", ".bz2")
+OPENERS = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}
+
+
+@contextlib.contextmanager
+def open_binary(file):
+    """A binary stream of the file's contents (a path, or an importlib.resources Traversable), decompressing
+    by suffix (COMPRESSED_SUFFIXES)."""
+    file = Path(file) if isinstance(file, str) else file
+    opener = next((OPENERS[ext] for ext in COMPRESSED_SUFFIXES if file.name.endswith(ext)), None)
+    with file.open("rb") as raw:
+        if opener is None:
+            yield raw
+        else:
+            # The decompressor does not close a stream it was handed; the outer `with` does.
+            with opener(raw) as stream:
+                yield stream

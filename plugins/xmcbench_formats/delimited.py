@@ -22,12 +22,12 @@ import sys
 from itertools import chain
 from pathlib import Path
 
-from xmcbench.data import Dataset, open_binary
+from xmcbench.data import Dataset
 from xmcbench.errors import XmcError
 from xmcbench.data import LABEL_TEXTS_FILES
 from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset_from_rows, label_lists, split_test, \
     write_label_table
-from xmcbench.storage import atomic_write
+from xmcbench.storage import atomic_write, open_binary
 
 NAME = "delimited"
 KINDS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}

@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from xmcbench.data import Dataset, _first_file, _read_lines, label_texts_file, open_binary
+from xmcbench.data import Dataset, _first_file, _read_lines, label_texts_file
 from xmcbench.errors import XmcError
 from xmcbench.features import parse_xc_matrix_header, read_xc_matrix
 from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset_from_matrices
-from xmcbench.storage import atomic_write
+from xmcbench.storage import atomic_write, open_binary
 from xmcbench_formats.raw_text import one_line
 from xmcbench_formats.xc_sparse import label_ids
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from xmcbench.data import Dataset, _first_file, open_binary
+from xmcbench.data import Dataset, _first_file
 from xmcbench.errors import XmcError
 from xmcbench.features import parse_xc_header, read_xc_sparse
 from xmcbench.formats import DataFormat, FormatOptions, content_version, dataset_from_matrices, split_test, \
     write_label_table
-from xmcbench.storage import atomic_write
+from xmcbench.storage import atomic_write, open_binary
 
 NAME = "xc_sparse"
 

@@ -3,15 +3,10 @@
 import torch
 from torch import nn
 
-from xmcbench.config import Option
 from xmcbench.errors import RefusedSetting
 from xmcbench.interfaces import EpochContext, LabelInfo, Recaller
+from xmcbench_lightxml.options import POSITIVE_WEIGHT
 
-POSITIVE_WEIGHT = Option("positive_weight", str, "none", "weight of a label's positives in the recall loss: none, or "
-                         "propensity (its inverse propensity, 1/p_l of PSP@k: about 1 for the most frequent labels, "
-                         "up to about 10 for labels seen once); propensity needs a flat run (one label per cluster)",
-                         choices=("none", "propensity"))
-RECALLER_OPTIONS = (POSITIVE_WEIGHT,)
 
 
 class ClusterLinearRecaller(Recaller):

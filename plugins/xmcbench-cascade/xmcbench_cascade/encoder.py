@@ -9,17 +9,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from xmcbench.config import Option
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import Encoder
 from xmcbench.tokenization import load_transformer
+from xmcbench_cascade.options import OPTIONS
 
-OPTIONS = (
-    Option("level_layers", str, "", "the layers each scoring level reads, coarse to fine, e.g. 5-6,8,10,12 "
-                                    "(1-based, a range for several); empty: derived from the encoder's depth"),
-    Option("level_dropout", str, "", "dropout of each level's representation, e.g. 0.2,0.25,0.35,0.5; "
-                                     "empty: the dropout setting at every level"),
-)
 
 
 def derived_level_layers(num_levels: int, num_hidden_layers: int) -> tuple[tuple[int, ...], ...]:

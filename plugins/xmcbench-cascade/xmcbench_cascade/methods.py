@@ -25,7 +25,6 @@ and 43.6, 48.6, 49.2 at 1e-2 (LightXML's: 37.8, 49.0, 50.1).
 
 from __future__ import annotations
 
-from xmcbench.indexing import num_clusters_for
 from xmcbench.config import MethodSpec
 from xmcbench.defaults import Derived, DeviceFacts, DatasetStatistics
 
@@ -67,6 +66,8 @@ def tree_for(num_labels: int) -> tuple[int, tuple[int, ...], tuple[int, ...], in
     labels, up to MAX_TREE_LEVELS levels above them, each BRANCHING times coarser, of at least MIN_TOP_NODES
     nodes; each level keeps 128 * 2^i nodes (CascadeXML's 128, 256 at Wiki-500K) but at most a quarter of
     them, and the leaf level twice the last (512), at most a quarter of the leaf clusters."""
+    from xmcbench.indexing import num_clusters_for   # torch: imported when a plan derives a tree, not at load
+
     leaves = num_clusters_for(num_labels, LEAF_SIZE)
     levels = tuple(sorted(leaves // BRANCHING ** i for i in range(1, MAX_TREE_LEVELS + 1)
                           if leaves // BRANCHING ** i >= MIN_TOP_NODES))

@@ -3,15 +3,16 @@ ranker and the `cascade` method. The recaller (`cluster-linear`) and sampler (`d
 xmcbench's built-in ones, used at every level of the tree."""
 
 from xmcbench.hookspecs import hookimpl
-from xmcbench_cascade.encoder import OPTIONS, build_transformer_levels
 from xmcbench_cascade.methods import cascade_methods
-from xmcbench_cascade.ranker import build_node_linear
+from xmcbench_cascade.options import OPTIONS
 
 
 @hookimpl
 def xmcbench_register_components(registry):
-    registry.add_component("encoder", "transformer-levels", build_transformer_levels, options=OPTIONS)
-    registry.add_component("ranker", "node-linear", build_node_linear)
+    # named "module:attribute": imported when a run uses them, so loading the plugin imports no torch
+    registry.add_component("encoder", "transformer-levels", "xmcbench_cascade.encoder:build_transformer_levels",
+                           options=OPTIONS)
+    registry.add_component("ranker", "node-linear", "xmcbench_cascade.ranker:build_node_linear")
 
 
 @hookimpl

@@ -33,7 +33,7 @@ from __future__ import annotations
 from xmcbench.config import MethodSpec, Stage
 from xmcbench.defaults import DatasetStatistics, Derived, DeviceFacts
 
-from xmcbench_dual.components import CLASSIFIER_STAGE
+from xmcbench_dual.options import CLASSIFIER_STAGE
 
 DUAL_DEFAULTS = {
     "encoder": "transformer-mean",

@@ -23,7 +23,7 @@ import scipy.sparse as sp
 
 from xmcbench.config import TrainConfig, coerce_setting
 from xmcbench.errors import XmcError
-from xmcbench.interfaces import WholeMethod
+from xmcbench.whole_contract import WholeMethod
 from xmcbench_linear.features import TfidfFeatures
 
 PACKAGE = "xmcbench-linear"

@@ -42,23 +42,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from xmcbench.config import Option, check_options
+from xmcbench.config import check_options
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import Encoder
 from xmcbench.tokenization import load_tokenizer
+from xmcbench_xmlcnn.options import OPTIONS
 
 HYPERPARAMETERS_FILE = "xmlcnn.json"
 
-# The encoder's shape settings, declared to xmcbench (checked like core settings before a run, listed by
-# `xmcbench plugins --options`); building the encoder reads them with Option.value_of.
-OPTIONS = (
-    Option("xmlcnn_emb_dim", int, 300, "E, word-embedding size", minimum=1),
-    Option("xmlcnn_filter_sizes", tuple[int, ...], (2, 4, 8), "convolution widths k (a list, or comma-separated)",
-           minimum=1),
-    Option("xmlcnn_num_filters", int, 128, "F, filters per width", minimum=1),
-    Option("xmlcnn_pool_chunks", int, 8, "p, chunks of dynamic max pooling", minimum=1),
-    Option("xmlcnn_hidden", int, 512, "H, the bottleneck (= out_dim)", minimum=1),
-)
 DEFAULTS = {option.name: option.default for option in OPTIONS}
 
 

@@ -4,13 +4,14 @@ The recaller, ranker and sampler the methods name are the built-in ones; this pa
 """
 
 from xmcbench.hookspecs import hookimpl
-from xmcbench_xmlcnn.encoder import OPTIONS, build_xmlcnn
 from xmcbench_xmlcnn.methods import xmlcnn_methods
+from xmcbench_xmlcnn.options import OPTIONS
 
 
 @hookimpl
 def xmcbench_register_components(registry):
-    registry.add_component("encoder", "xml-cnn", build_xmlcnn, options=OPTIONS)
+    # named "module:attribute": imported when a run uses it, so loading the plugin imports no torch
+    registry.add_component("encoder", "xml-cnn", "xmcbench_xmlcnn.encoder:build_xmlcnn", options=OPTIONS)
 
 
 @hookimpl
