@@ -149,7 +149,7 @@ def test_a_method_that_scores_unseen_labels_has_them_in_its_vocabulary(tmp_path)
 # -- hybrids ---------------------------------------------------------------------------------------------------
 
 def test_a_label_only_one_member_can_score_keeps_its_score():
-    from xmcbench.ensemble import weighted_scores
+    from xmcbench.fusion import weighted_scores
 
     labels = [np.array([[0, 1]]), np.array([[0, 2]])]        # label 2 lies beyond the first member's vocabulary
     normalised = [np.array([[0.9, 0.5]]), np.array([[0.8, 0.7]])]

@@ -174,9 +174,9 @@ def ensemble_members(cells: dict[str, list[Path]], seeds: list[int], fusion: str
 def fusion_code_digest() -> str:
     """The version and source digest of the code that fuses and scores ensembles: an ensemble saved by other code
     is not reused."""
-    from xmcbench import ensemble, metrics
+    from xmcbench import ensemble, fusion, metrics
 
-    return f"{xmcbench.__version__}/{source_digest((ensemble.__file__, metrics.__file__))}"
+    return f"{xmcbench.__version__}/{source_digest((ensemble.__file__, fusion.__file__, metrics.__file__))}"
 
 
 def compare(registry: Registry, methods: list[str], dataset: str | None, seeds: list[int], output: Path,

@@ -17,9 +17,10 @@ import numpy as np
 import xmcbench
 from xmcbench.config import TrainConfig, check_top_k
 from xmcbench.data import Dataset
-from xmcbench.ensemble import Ensemble, fuse, is_ensemble, read_ensemble, scoring_config
+from xmcbench.ensemble import Ensemble, is_ensemble, read_ensemble, scoring_config
 from xmcbench.errors import XmcError
 from xmcbench.formats import FormatOptions, open_dataset
+from xmcbench.fusion import fuse
 from xmcbench.inference import Predictions
 from xmcbench.models import load_model, predict_documents, saved_zero_shot_mask, test_documents
 from xmcbench.prediction_files import read_predictions
@@ -45,7 +46,7 @@ class SavedModel:
     def top(self, documents: Callable[[Any], Any], width: int, texts_key: str | None,
             description: str = "predicting", tokenizing: str = "tokenizing") -> Predictions:
         """The top `width` labels of what documents(model) gives each model: the model's Predictions, or the
-        members' fused (ensemble.fuse; no recalled clusters). texts_key: the texts' key in the tokenization
+        members' fused (fusion.fuse; no recalled clusters). texts_key: the texts' key in the tokenization
         cache (None: not cached)."""
         found = []
         for index, (model, config) in enumerate(self.models):

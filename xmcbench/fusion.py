@@ -1,0 +1,344 @@
+"""How an ensemble fuses its members' top lists, and how weighted fusion chooses its weights.
+
+Both fusion rules (`--fusion`) work on the union of the members' top-k label ids per document (a label
+outside a member's top-k gets nothing from that member); the ensemble's ranking is the top-k of the fused
+scores (ties: lower id first).
+
+- `sum` (the default; the paper's rule): the fused score of a label is the sum of the members' raw scores.
+  Right for members of one family (seeds, encoders, label-cluster trees of one method), whose scores share
+  one scale.
+- `weighted` (for members of different families, whose scores live on different scales: LightXML's sigmoid
+  products in [0, 1], tree probabilities, SVM margins). First each member's scores are normalised by that
+  member's own scores on the validation rows: a score becomes the fraction of the member's validation top-k
+  scores that lie below it (the member's empirical distribution function, kept as QUANTILES quantiles, linear
+  in between; a score beyond the validation range maps to 0 or 1). This is a rank transform against the
+  member's validation scores, so any strictly increasing change of a member's scores (a factor, a shift, a
+  sigmoid) leaves the ensemble unchanged and a few extreme scores cannot dominate; unlike ranks within one
+  document it keeps confidence: a member's top label on a document it is sure of outranks its top label on
+  one it is unsure of. Then the fused score is sum over members of w_m * normalised score, with weights
+  w_m >= 0 summing to 1 chosen on the validation rows, never on the test set: a grid over the weights
+  (steps of 1/10 for up to 4 members, coarser beyond, so at most MAX_GRID_POINTS combinations; equal weights
+  always tried) maximising the validation objective (P@1 + PSP@5) / 2 - the aim of a hybrid is to beat each
+  member on the frequent labels (P@1) and on the tail (PSP@5) at once. Ties go to the weights closest to
+  equal. A member given weight 0 is left out.
+  Weights per bin: then the labels are put in weight bins by their training documents (WEIGHT_BINS: at most 3,
+  4 to 30, more; the counts the members' models saved in model/label_info.json), and each bin holding at least
+  MIN_BIN_POSITIVES validation positives gets weights of its own, by coordinate ascent from the weights above
+  (choose_bin_weights): one member may lead the head and another the tail. They are kept only when they score
+  better on the validation rows than one weight per member; the record says which, and why.
+  The validation rows: every member must have `validation_predictions.safetensors` (written by
+  `xmcbench run` when validation_size > 0; see xmcbench.rundir.save_validation_predictions) over the same
+  training rows, i.e. trained with the same seed, validation_size and max_train_docs. Their truth is the
+  dataset's training labels at those rows; PSP@5's propensities are the ones every score uses
+  (scoring.propensities).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from xmcbench.errors import DamagedModel
+from xmcbench.metrics import evaluate
+
+FUSION_RULES = ("sum", "weighted")
+FUSION_OBJECTIVE = "(P@1 + PSP@5) / 2"
+QUANTILES = 201          # validation-score quantiles kept per member: every half percent
+MAX_GRID_POINTS = 2000   # weight combinations tried at most
+# The weight bins: labels by their training documents, at most 3 (the tail, 0 included), 4 to 30, more (the head).
+# Each bin gets weights of its own where the validation rows hold MIN_BIN_POSITIVES of its labels' positives.
+WEIGHT_BINS = (3, 30)
+WEIGHT_BIN_NAMES = ("0-3", "4-30", ">30")
+MIN_BIN_POSITIVES = 50
+BIN_SEARCH_PASSES = 2
+
+
+def combine(labels: Sequence[np.ndarray], scores: Sequence[np.ndarray], top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Members' top lists -> the ensemble's top-k.
+
+    labels[m]: (N, k_m) int label ids of member m, best first, -1 for empty slots; scores[m]: (N, k_m).
+    Each member contributes its first top_k columns. Returns labels (N, top_k) int64 (-1 padded) and
+    scores (N, top_k) float32 (-1.0 padded): per document, the top_k labels of the union of the members'
+    lists by the sum of their members' scores (descending, ties by ascending id)."""
+    if not labels or len(labels) != len(scores):
+        raise ValueError("combine needs one scores array per labels array, and at least one member")
+    num_docs = np.asarray(labels[0]).shape[0]
+    for member_labels, member_scores in zip(labels, scores):
+        if np.shape(member_labels) != np.shape(member_scores) or np.shape(member_labels)[0] != num_docs:
+            raise ValueError("every member needs labels and scores of one shape (N, k) with the same N")
+    ids = np.concatenate([np.asarray(a)[:, :top_k] for a in labels], axis=1).astype(np.int64)      # (N, M*k)
+    values = np.concatenate([np.asarray(a)[:, :top_k] for a in scores], axis=1).astype(np.float64)
+    rows = np.broadcast_to(np.arange(num_docs)[:, None], ids.shape)
+    valid = ids >= 0
+    rows, ids, values = rows[valid], ids[valid], values[valid]
+    # group equal (row, id): a stable sort keeps member order inside a group, so sums are reproducible
+    order = np.lexsort((ids, rows))
+    rows, ids, values = rows[order], ids[order], values[order]
+    if len(ids):
+        starts = np.flatnonzero(np.r_[True, (rows[1:] != rows[:-1]) | (ids[1:] != ids[:-1])])
+        sums = np.add.reduceat(values, starts)
+        rows, ids = rows[starts], ids[starts]
+    else:
+        sums = values
+    # rank inside each row: descending sum, then ascending id
+    order = np.lexsort((ids, -sums, rows))
+    rows, ids, sums = rows[order], ids[order], sums[order]
+    rank = np.arange(len(rows)) - np.searchsorted(rows, rows, side="left")
+    keep = rank < top_k
+    out_labels = np.full((num_docs, top_k), -1, dtype=np.int64)
+    out_scores = np.full((num_docs, top_k), -1.0, dtype=np.float32)
+    out_labels[rows[keep], rank[keep]] = ids[keep]
+    out_scores[rows[keep], rank[keep]] = sums[keep]
+    return out_labels, out_scores
+
+
+@dataclass
+class Fusion:
+    """How the members' scores are fused (see the module docstring). rule "sum": raw scores summed.
+    rule "weighted": weights (one per member, >= 0, summing to 1) and quantiles (per member, its (Q,) sorted
+    validation-score quantiles); record: what the weights were chosen on and how well they did. With
+    bin_weights (one list of member weights per weight bin, WEIGHT_BINS) a label's scores are weighted by its
+    bin's weights; label_bins: (L,) the bin of each label of the ensemble's vocabulary."""
+
+    rule: str = "sum"
+    weights: list[float] | None = None
+    quantiles: list[np.ndarray] | None = None
+    record: dict = field(default_factory=dict)
+    bin_weights: list[list[float]] | None = None
+    label_bins: np.ndarray | None = None
+
+    def weight_table(self) -> np.ndarray:
+        """(M, B) the weight of each member in each bin; B = 1 without bin weights."""
+        if self.bin_weights is None:
+            return np.asarray(self.weights, dtype=np.float64)[:, None]
+        return np.asarray(self.bin_weights, dtype=np.float64).T
+
+    def summary(self) -> dict:
+        """The fusion as config.json and the report show it (no quantiles, no label bins)."""
+        if self.rule == "sum":
+            return {"rule": "sum", "normalisation": "none (raw scores)"}
+        bins = {} if self.bin_weights is None else {"bin_weights": self.bin_weights}
+        return {"rule": "weighted", "normalisation": "validation-quantiles", "weights": self.weights, **bins,
+                **self.record}
+
+    def to_json(self) -> dict:
+        """The fusion as ensemble.json keeps it: the summary, plus the quantiles (and label bins) for weighted."""
+        if self.rule == "sum":
+            return self.summary()
+        bins = {} if self.label_bins is None else {"label_bins": [int(b) for b in self.label_bins]}
+        return {**self.summary(), "quantiles": [[float(value) for value in q] for q in self.quantiles], **bins}
+
+    @staticmethod
+    def from_json(spec, num_members: int, path: Path) -> "Fusion":
+        damaged = (f"{path} has a damaged \"fusion\" entry (a rule, and for weighted one weight and one list of "
+                   "quantiles per member); rebuild the ensemble with `xmcbench ensemble`")
+        if spec is None:   # an ensemble written before fusion rules existed: the paper's sum
+            return Fusion()
+        if not isinstance(spec, dict) or spec.get("rule") not in FUSION_RULES:
+            raise DamagedModel(damaged)
+        if spec["rule"] == "sum":
+            return Fusion()
+        weights, quantiles = spec.get("weights"), spec.get("quantiles")
+        if not isinstance(weights, list) or not isinstance(quantiles, list) \
+                or len(weights) != num_members or len(quantiles) != num_members:
+            raise DamagedModel(damaged)
+        try:
+            weights = [float(w) for w in weights]
+            quantiles = [np.asarray(q, dtype=np.float64) for q in quantiles]
+        except (TypeError, ValueError):
+            raise DamagedModel(damaged) from None
+        if not _valid_weights(weights) or any(
+                q.ndim != 1 or q.size == 0 or not np.all(np.isfinite(q)) or np.any(np.diff(q) < 0) for q in quantiles):
+            raise DamagedModel(damaged)
+        bin_weights, label_bins = spec.get("bin_weights"), spec.get("label_bins")
+        if (bin_weights is None) != (label_bins is None):
+            raise DamagedModel(damaged)
+        if bin_weights is not None:
+            try:
+                bin_weights = [[float(w) for w in row] for row in bin_weights]
+                label_bins = np.asarray(label_bins, dtype=np.int64)
+            except (TypeError, ValueError):
+                raise DamagedModel(damaged) from None
+            if not bin_weights or any(len(row) != num_members or not _valid_weights(row) for row in bin_weights) \
+                    or label_bins.ndim != 1 or label_bins.size == 0 or label_bins.min() < 0 \
+                    or label_bins.max() >= len(bin_weights):
+                raise DamagedModel(damaged)
+        record = {key: value for key, value in spec.items()
+                  if key not in ("rule", "normalisation", "weights", "quantiles", "bin_weights", "label_bins")}
+        return Fusion("weighted", weights, quantiles, record, bin_weights, label_bins)
+
+
+def _valid_weights(weights: list[float]) -> bool:
+    return all(math.isfinite(w) and w >= 0 for w in weights) and sum(weights) > 0
+
+
+def score_quantiles(labels: np.ndarray, scores: np.ndarray, top_k: int) -> np.ndarray:
+    """A member's (V, k) validation top lists -> (Q,) sorted quantiles of its scores in the first top_k
+    columns (empty slots, label -1, left out), Q = min(QUANTILES, number of scores); (0,) when none."""
+    values = np.asarray(scores, dtype=np.float64)[:, :top_k][np.asarray(labels)[:, :top_k] >= 0]
+    if values.size == 0:
+        return values
+    return np.quantile(values, np.linspace(0.0, 1.0, min(QUANTILES, values.size)))
+
+
+def normalise(scores: np.ndarray, quantiles: np.ndarray) -> np.ndarray:
+    """Scores of one member (any shape) -> [0, 1]: the fraction of the member's validation scores below each
+    score, read from its (Q,) sorted quantiles, linear in between (a run of equal quantiles counts at its
+    middle, so tied validation scores do not pull a score to either end)."""
+    values, first, repeats = np.unique(quantiles, return_index=True, return_counts=True)
+    if len(quantiles) == 1:
+        levels = np.array([0.5])
+    else:
+        levels = (first + (repeats - 1) / 2) / (len(quantiles) - 1)
+    return np.interp(np.asarray(scores, dtype=np.float64), values, levels)
+
+
+def fuse(labels: Sequence[np.ndarray], scores: Sequence[np.ndarray], top_k: int,
+         fusion: Fusion, sizes: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Members' top lists -> the ensemble's top-k under a fusion rule; shapes as in combine(). sizes: each
+    member's vocabulary size (nested vocabularies, see weighted_scores); None: one vocabulary."""
+    if fusion.rule == "sum":
+        return combine(labels, scores, top_k)
+    table = fusion.weight_table()
+    # a member of weight 0 (in every bin) is left out before its scores are normalised
+    normalised = [normalise(np.asarray(member_scores)[:, :top_k], quantiles) if weights.max() > 0 else None
+                  for member_scores, quantiles, weights in zip(scores, fusion.quantiles, table)]
+    return weighted_fusion([np.asarray(member_labels)[:, :top_k] for member_labels in labels], normalised,
+                           table, sizes, top_k, fusion.label_bins)
+
+
+def weighted_fusion(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray | None], weights,
+                    sizes: Sequence[int] | None, top_k: int,
+                    label_bins: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The weighted rule's top-k: the members of weight > 0, their (N, k) normalised scores weighted
+    (weighted_scores) and summed per label (combine). weights: (M,) one per member, or (M, B) one per member
+    and weight bin, with label_bins (L,) each label's bin."""
+    table = np.asarray(weights, dtype=np.float64).reshape(len(labels), -1)           # (M, B)
+    kept = [m for m in range(len(labels)) if table[m].max() > 0]
+
+    def pick(values):
+        return [values[m] for m in kept]
+
+    return combine(pick(labels), weighted_scores(pick(labels), pick(normalised), table[kept],
+                                                 None if sizes is None else pick(sizes), label_bins), top_k)
+
+
+def weighted_scores(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray], weights,
+                    sizes: Sequence[int] | None, label_bins: np.ndarray | None = None) -> list[np.ndarray]:
+    """Each member's (N, k) normalised scores times its weight, the terms combine() sums. weights: (M,) or
+    (M, B); with B > 1 a label's terms take the weights of its bin (label_bins (L,)). With vocabularies of
+    different sizes (sizes[m]: member m's, each the beginning of the longest), a label beyond some members'
+    vocabulary is scored by the others only: its terms are divided by the weight of the members whose vocabulary
+    holds it, so a zero-shot label one member alone can score keeps that member's normalised score, not a share
+    of it."""
+    table = np.asarray(weights, dtype=np.float64).reshape(len(labels), -1)           # (M, B)
+    nested = sizes is not None and len(set(sizes)) > 1
+    terms = []
+    for member, (ids, values) in enumerate(zip(labels, normalised)):
+        # each slot's weight bin: (N, k), or the one bin of one weight per member
+        bins = 0 if label_bins is None else label_bins[np.where(ids >= 0, ids, 0)]
+        weight = table[member][bins]
+        if nested:   # the weight, in this label's bin, of the members whose vocabulary holds the label
+            cover = sum(table[other][bins] * (ids < size) for other, size in enumerate(sizes))
+            terms.append(weight * values / np.clip(cover, 1e-12, None))
+        else:
+            terms.append(weight * values)
+    return terms
+
+
+def weight_grid(num_members: int) -> list[tuple[float, ...]]:
+    """The weights tried: every split of 1 into num_members shares in steps of 1/n (n = 10, or the finest of
+    5, 4, 3, 2, 1 that keeps the grid within MAX_GRID_POINTS), plus equal weights."""
+    steps = next(n for n in (10, 5, 4, 3, 2, 1) if math.comb(n + num_members - 1, num_members - 1) <= MAX_GRID_POINTS)
+    points = []
+    # stars and bars: num_members - 1 bars among steps + num_members - 1 places; the gaps are the shares
+    for bars in itertools.combinations(range(steps + num_members - 1), num_members - 1):
+        edges = (-1, *bars, steps + num_members - 1)
+        points.append(tuple((edges[i + 1] - edges[i] - 1) / steps for i in range(num_members)))
+    equal = tuple(1.0 / num_members for _ in range(num_members))
+    if not any(np.allclose(point, equal) for point in points):
+        points.append(equal)
+    return points
+
+
+def objective(metrics: dict) -> float:
+    return (metrics["P@1"] + metrics["PSP@5"]) / 2
+
+
+def choose_bin_weights(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray], truth,
+                       inv_propensity: np.ndarray, top_k: int, sizes: Sequence[int] | None, label_bins: np.ndarray,
+                       start: Sequence[float], searched: Sequence[int],
+                       num_bins: int | None = None) -> tuple[np.ndarray, dict, int]:
+    """Weights per bin: from `start` (the weights of choose_weights) in every bin, each bin of `searched` in
+    turn takes the point of weight_grid() that scores best on FUSION_OBJECTIVE over the validation rows, the
+    other bins held, for BIN_SEARCH_PASSES passes (coordinate ascent; a change must beat the current
+    objective). Shapes as in choose_weights; label_bins: (L,) each label's bin; num_bins: B (default: the
+    highest bin in label_bins, plus one). Returns ((M, B) weights, their validation P@1 / PSP@5 / objective,
+    fusions evaluated)."""
+    num_bins = num_bins or (int(label_bins.max()) + 1 if len(label_bins) else 1)
+
+    def scored(table):
+        fused, _ = weighted_fusion(labels, normalised, table, sizes, top_k, label_bins)
+        metrics = evaluate(fused, truth, ks=(1, 5), inv_propensity=inv_propensity)
+        value = objective(metrics)
+        return value, {"P@1": metrics["P@1"], "PSP@5": metrics["PSP@5"], "objective": value}
+
+    table = np.repeat(np.asarray(start, dtype=np.float64)[:, None], num_bins, axis=1)
+    best, best_metrics = scored(table)
+    evaluations, grid = 1, weight_grid(len(labels))
+    for _ in range(BIN_SEARCH_PASSES):
+        changed = False
+        for column in searched:
+            for point in grid:
+                if np.allclose(table[:, column], point):
+                    continue
+                trial = table.copy()
+                trial[:, column] = point
+                value, metrics = scored(trial)
+                evaluations += 1
+                if value > best + 1e-9:
+                    table, best, best_metrics, changed = trial, value, metrics, True
+        if not changed:
+            break
+    return table, best_metrics, evaluations
+
+
+def choose_weights(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray], truth, inv_propensity: np.ndarray,
+                   top_k: int, sizes: Sequence[int] | None = None) -> tuple[list[float], dict, int]:
+    """The weights of weight_grid() whose fusion of the members' validation top lists scores best on
+    FUSION_OBJECTIVE (ties: closest to equal weights, then the first tried).
+
+    labels[m]: (V, k) label ids of member m on the validation rows; normalised[m]: (V, k) its normalised
+    scores; truth: (V, L_total) sparse; inv_propensity: (L_total,); sizes: the members' vocabulary sizes (see
+    weighted_scores). Returns (weights, the chosen fusion's validation P@1 / PSP@5 / objective, number of weight
+    combinations tried)."""
+    grid = weight_grid(len(labels))
+    equal = 1.0 / len(labels)
+    best_weights, best_metrics, best_value, best_distance = None, None, -math.inf, math.inf
+    for weights in grid:
+        fused, _ = weighted_fusion(labels, normalised, weights, sizes, top_k)
+        metrics = evaluate(fused, truth, ks=(1, 5), inv_propensity=inv_propensity)
+        value = objective(metrics)
+        distance = sum((weight - equal) ** 2 for weight in weights)
+        if value > best_value + 1e-9 or (value > best_value - 1e-9 and distance < best_distance - 1e-12):
+            best_weights, best_value, best_distance = list(weights), value, distance
+            best_metrics = {"P@1": metrics["P@1"], "PSP@5": metrics["PSP@5"], "objective": value}
+    return best_weights, best_metrics, len(grid)
+
+
+def describe_weights(fusion: Fusion) -> str:
+    """e.g. "lightxml 0.6, plt 0.4", or per weight bin "0-3: lightxml 0.2, plt 0.8; 4-30: ..."."""
+    methods = fusion.record.get("member_methods") or [f"member {m + 1}" for m in range(len(fusion.weights))]
+
+    def listed(weights):
+        return ", ".join(f"{method} {weight:g}" for method, weight in zip(methods, weights))
+
+    if fusion.bin_weights is None:
+        return listed(fusion.weights)
+    return "; ".join(f"{name} training documents: {listed(weights)}"
+                     for name, weights in zip(WEIGHT_BIN_NAMES, fusion.bin_weights))
