@@ -4,7 +4,8 @@ called-into module, and the circles of the package's import graph (imports insid
 
 One tiny LightXML run (a 2-layer BERT built from a config, the tiny topic dataset, one epoch, 1 thread) under
 sys.setprofile; every call whose caller and callee are in different xmcbench modules (plugins excluded: they are the
-components, not the run's path) is one edge caller -> callee. Printed: the distinct edges, the distinct calls into the
+components, not the run's path; calls into a closure or lambda a caller passed down, such as a log function or a
+file writer, excluded: they are callbacks, not dependencies) is one edge caller -> callee. Printed: the distinct edges, the distinct calls into the
 most-called module ("returns to the hub"), and the edges themselves with --edges. Not timed: a count of the code's
 structure, the same on any machine.
 
@@ -101,7 +102,9 @@ def main() -> None:
             return
         callee, caller_frame = module_of(frame), frame.f_back
         caller = module_of(caller_frame) if caller_frame is not None else None
-        if callee and caller and callee != caller and not (callee in INSIDE_TRAINING and caller in INSIDE_TRAINING):
+        passed_down = "<locals>" in frame.f_code.co_qualname or frame.f_code.co_name == "<lambda>"
+        if callee and caller and callee != caller and not passed_down \
+                and not (callee in INSIDE_TRAINING and caller in INSIDE_TRAINING):
             edges[(caller, callee)] += 1
 
     with tempfile.TemporaryDirectory() as folder:

@@ -191,8 +191,9 @@ def test_a_static_method_counts_the_documents_of_every_stage_for_its_timings(reg
     # recall (2 epochs), rank (2 epochs) and recall-refit (3 epochs), each over the 48 training documents
     assert trainer.documents_trained == (2 * 2 + 3) * 48
     predictions = predict(model, tokens, plan.config, torch.device("cpu"))
-    write_results(tmp_path, dataset, {}, predictions, None, np.arange(0), 7.0, trainer.documents_trained,
-                         1.0, False, torch.device("cpu"))
+    write_results(tmp_path, dataset, {}, predictions, validation_predictions=None, validation_rows=np.arange(0),
+                  train_seconds=7.0, documents_trained=trainer.documents_trained, predict_seconds=1.0, resumed=False,
+                  device=torch.device("cpu"))
     timings = json.loads((tmp_path / "timings.json").read_text())
     assert timings["documents_trained"] == 7 * 48
     assert timings["train_ms_per_document"] == pytest.approx(1000 * 7.0 / (7 * 48))
