@@ -58,8 +58,8 @@ from xmcbench.formats import open_dataset
 from xmcbench.fusion import FUSION_OBJECTIVE, FUSION_RULES, MIN_BIN_POSITIVES, WEIGHT_BIN_NAMES, WEIGHT_BINS, Fusion, \
     choose_bin_weights, choose_weights, describe_weights, fuse, normalise, objective, score_quantiles
 from xmcbench.inference import Predictions
-from xmcbench.metrics import evaluate
 from xmcbench.labels import load_label_info
+from xmcbench.metrics import evaluate
 from xmcbench.models import load_model, predict_documents, saved_zero_shot_mask
 from xmcbench.prediction_files import read_predictions
 from xmcbench.registry import Registry, build_registry

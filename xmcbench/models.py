@@ -15,8 +15,8 @@ from xmcbench.data import Dataset
 from xmcbench.device import pick_device, set_threads
 from xmcbench.inference import Predictions, predict
 from xmcbench.interfaces import WholeMethod
-from xmcbench.model import XMCModel
 from xmcbench.labels import load_label_info
+from xmcbench.model import XMCModel
 from xmcbench.modelio import REDO, load_model_dir
 from xmcbench.registry import Registry
 from xmcbench.scoring import zero_shot_mask

@@ -25,13 +25,13 @@ import torch
 import xmcbench
 from xmcbench.config import TrainConfig
 from xmcbench.data import Dataset
+from xmcbench.device import pick_device
 from xmcbench.errors import XmcError, joined_line
+from xmcbench.inference import Predictions
 from xmcbench.interfaces import LabelInfo, WholeMethod, call_factory, declared_keywords
 from xmcbench.labels import load_label_info, save_label_info
 from xmcbench.modelio import REDO, file_digest, read_labels, read_signed_description, signed_description, \
     verify_files
-from xmcbench.device import pick_device
-from xmcbench.inference import Predictions
 from xmcbench.registry import Registry
 from xmcbench.storage import read_json, write_json
 
