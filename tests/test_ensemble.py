@@ -12,7 +12,8 @@ import scipy.sparse
 from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
-from xmcbench import ensemble, fusion
+from xmcbench import ensemble
+from xmcbench import fusion as fusion_rules
 from xmcbench import saved as saved_models
 from xmcbench.cli import app
 from xmcbench.config import TrainConfig
@@ -39,7 +40,7 @@ def test_combine_sums_scores_over_the_union_of_the_members_top_k():
     b_labels = np.array([[1, 4, 0], [6, -1, -1], [-1, -1, -1]])
     b_scores = np.array([[0.6, 0.55, 0.4], [0.5, -1, -1], [-1, -1, -1]], dtype=np.float32)
 
-    labels, scores = fusion.combine([a_labels, b_labels], [a_scores, b_scores], top_k=3)
+    labels, scores = fusion_rules.combine([a_labels, b_labels], [a_scores, b_scores], top_k=3)
     # row 0: 1 -> .5 + .6, 3 -> .9, 0 -> .45 + .4, 4 -> .55 (fourth: cut); row 1: a tie, lower id first;
     # row 2: nothing predicted, nothing returned
     np.testing.assert_array_equal(labels, [[1, 3, 0], [6, 7, -1], [-1, -1, -1]])
@@ -47,9 +48,9 @@ def test_combine_sums_scores_over_the_union_of_the_members_top_k():
     assert labels.dtype == np.int64 and scores.dtype == np.float32
 
     # with k = 2 label 0 is outside both members' top-2: it counts 0 for each and drops out; 4 comes in
-    labels, scores = fusion.combine([a_labels, b_labels], [a_scores, b_scores], top_k=2)
+    labels, scores = fusion_rules.combine([a_labels, b_labels], [a_scores, b_scores], top_k=2)
     np.testing.assert_array_equal(labels[0], [1, 3])
-    labels, scores = fusion.combine([a_labels[:, :2], b_labels[:, :2]], [a_scores[:, :2], b_scores[:, :2]], top_k=3)
+    labels, scores = fusion_rules.combine([a_labels[:, :2], b_labels[:, :2]], [a_scores[:, :2], b_scores[:, :2]], top_k=3)
     np.testing.assert_array_equal(labels, [[1, 3, 4], [6, 7, -1], [-1, -1, -1]])
     np.testing.assert_allclose(scores[0], [1.1, 0.9, 0.55], rtol=1e-6)
 
@@ -76,9 +77,9 @@ def constructed_members(seed=0, num_docs=80, num_labels=40, k=5):
 def test_weighted_fusion_gives_the_weight_to_the_member_that_is_right_on_validation():
     truth, labels, scores = constructed_members()
     inv_propensity = np.ones(truth.shape[1])
-    quantiles = [fusion.score_quantiles(l, s, 5) for l, s in zip(labels, scores)]
-    normalised = [fusion.normalise(s, q) for s, q in zip(scores, quantiles)]
-    weights, chosen, tried = fusion.choose_weights(labels, normalised, truth, inv_propensity, top_k=5)
+    quantiles = [fusion_rules.score_quantiles(l, s, 5) for l, s in zip(labels, scores)]
+    normalised = [fusion_rules.normalise(s, q) for s, q in zip(scores, quantiles)]
+    weights, chosen, tried = fusion_rules.choose_weights(labels, normalised, truth, inv_propensity, top_k=5)
     # the noise can only displace the good member's filler labels at a small weight: ties go to the weights
     # closest to equal, so the noise keeps a little weight, never more than the good member's objective allows
     assert tried == 11 and weights[0] >= 0.8 and weights[1] <= 0.2 and sum(weights) == pytest.approx(1.0)
@@ -86,7 +87,7 @@ def test_weighted_fusion_gives_the_weight_to_the_member_that_is_right_on_validat
     assert chosen["P@1"] == pytest.approx(100.0)
     assert chosen["objective"] == pytest.approx((good_alone["P@1"] + good_alone["PSP@5"]) / 2)
     # the members swapped: the weights follow the member, not the position
-    swapped, _, _ = fusion.choose_weights(labels[::-1], normalised[::-1], truth, inv_propensity, top_k=5)
+    swapped, _, _ = fusion_rules.choose_weights(labels[::-1], normalised[::-1], truth, inv_propensity, top_k=5)
     assert swapped == weights[::-1]
 
 
@@ -115,9 +116,9 @@ def members_right_in_different_bins(num_docs=120, num_labels=40, k=5):
 def test_weights_per_bin_take_each_member_where_it_is_right():
     truth, labels, scores, label_bins = members_right_in_different_bins()
     inv_propensity = np.ones(truth.shape[1])
-    normalised = [fusion.normalise(s, fusion.score_quantiles(l, s, 5)) for l, s in zip(labels, scores)]
-    weights, chosen, _ = fusion.choose_weights(labels, normalised, truth, inv_propensity, top_k=5)
-    table, per_bin, evaluations = fusion.choose_bin_weights(labels, normalised, truth, inv_propensity, 5, None,
+    normalised = [fusion_rules.normalise(s, fusion_rules.score_quantiles(l, s, 5)) for l, s in zip(labels, scores)]
+    weights, chosen, _ = fusion_rules.choose_weights(labels, normalised, truth, inv_propensity, top_k=5)
+    table, per_bin, evaluations = fusion_rules.choose_bin_weights(labels, normalised, truth, inv_propensity, 5, None,
                                                               label_bins, weights, searched=[0, 2])
     assert chosen["P@1"] == 0.0 and per_bin["P@1"] == 100.0 and per_bin["objective"] > chosen["objective"] + 10
     # the first change that makes every first label right is kept (a later one must score better still)
@@ -126,23 +127,23 @@ def test_weights_per_bin_take_each_member_where_it_is_right():
     assert evaluations > 1
 
     # the fused scores: a label's terms take its bin's weights
-    rule = fusion.Fusion("weighted", weights, [fusion.score_quantiles(l, s, 5) for l, s in zip(labels, scores)],
+    rule = fusion_rules.Fusion("weighted", weights, [fusion_rules.score_quantiles(l, s, 5) for l, s in zip(labels, scores)],
                            bin_weights=table.T.tolist(), label_bins=label_bins)
-    fused_labels, _ = fusion.fuse(labels, scores, 5, rule)
+    fused_labels, _ = fusion_rules.fuse(labels, scores, 5, rule)
     metrics = ensemble.evaluate(fused_labels, truth, ks=(1, 5), inv_propensity=inv_propensity)
     assert (metrics["P@1"] + metrics["PSP@5"]) / 2 == pytest.approx(per_bin["objective"])
-    terms = fusion.weighted_scores(labels, normalised, table, None, label_bins)
+    terms = fusion_rules.weighted_scores(labels, normalised, table, None, label_bins)
     first = labels[0][0, 0]
     assert terms[0][0, 0] == pytest.approx(table[0, label_bins[first]] * normalised[0][0, 0])
 
     # ensemble.json keeps them; a damaged table is refused in one line
     spec = json.loads(json.dumps(rule.to_json()))
-    again = fusion.Fusion.from_json(spec, 2, Path("ensemble.json"))
+    again = fusion_rules.Fusion.from_json(spec, 2, Path("ensemble.json"))
     assert again.bin_weights == rule.bin_weights and again.label_bins.tolist() == label_bins.tolist()
     for damaged in ({**spec, "bin_weights": [[1.0]]}, {**spec, "label_bins": [7] * 40},
                     {key: value for key, value in spec.items() if key != "label_bins"}):
         with pytest.raises(XmcError, match="damaged"):
-            fusion.Fusion.from_json(damaged, 2, Path("ensemble.json"))
+            fusion_rules.Fusion.from_json(damaged, 2, Path("ensemble.json"))
 
 
 def test_weights_per_bin_keep_a_zero_shot_label_its_score():
@@ -151,7 +152,7 @@ def test_weights_per_bin_keep_a_zero_shot_label_its_score():
     normalised = [np.array([[0.8, 0.6]]), np.array([[0.7, 0.5]])]
     table = np.array([[0.9, 0.5], [0.1, 0.5]])                          # (members, bins)
     label_bins = np.array([1, 0, 0, 0, 0])
-    terms = fusion.weighted_scores(labels, normalised, table, [4, 5], label_bins)
+    terms = fusion_rules.weighted_scores(labels, normalised, table, [4, 5], label_bins)
     assert terms[1][0, 0] == pytest.approx(0.7), "label 4: member 2 alone scores it, its score is kept whole"
     assert terms[0][0, 0] == pytest.approx(0.5 * 0.8) and terms[1][0, 1] == pytest.approx(0.5 * 0.5)
 
@@ -163,9 +164,9 @@ def test_normalisation_makes_the_scale_of_a_member_irrelevant():
     def fused(factor):
         member_scores = [scores[0], scores[1] * factor]         # validation, member 2 rescaled
         member_test_scores = [test_scores[0], test_scores[1] * factor]   # and its test scores alike
-        quantiles = [fusion.score_quantiles(l, s, 5) for l, s in zip(labels, member_scores)]
-        rule = fusion.Fusion("weighted", [0.5, 0.5], quantiles)
-        return fusion.fuse(test_labels, member_test_scores, 5, rule)
+        quantiles = [fusion_rules.score_quantiles(l, s, 5) for l, s in zip(labels, member_scores)]
+        rule = fusion_rules.Fusion("weighted", [0.5, 0.5], quantiles)
+        return fusion_rules.fuse(test_labels, member_test_scores, 5, rule)
 
     plain_labels, plain_scores = fused(1.0)
     scaled_labels, scaled_scores = fused(1000.0)
@@ -173,19 +174,19 @@ def test_normalisation_makes_the_scale_of_a_member_irrelevant():
     np.testing.assert_allclose(plain_scores, scaled_scores, rtol=1e-6)
     assert np.all((plain_scores >= 0) & (plain_scores <= 1))
     # the paper's sum, by contrast, is taken over by the member with the larger scale
-    summed, _ = fusion.fuse(test_labels, [test_scores[0], test_scores[1] * 1000], 5, fusion.Fusion())
+    summed, _ = fusion_rules.fuse(test_labels, [test_scores[0], test_scores[1] * 1000], 5, fusion_rules.Fusion())
     assert (summed[:, 0] == test_labels[1][:, 0]).mean() > 0.9
 
 
 def test_normalise_is_the_validation_distribution_function():
     quantiles = np.array([0.0, 1.0, 1.0, 1.0, 2.0])   # a run of ties counts at its middle
-    np.testing.assert_allclose(fusion.normalise(np.array([-5.0, 0.0, 0.5, 1.0, 2.0, 9.0]), quantiles),
+    np.testing.assert_allclose(fusion_rules.normalise(np.array([-5.0, 0.0, 0.5, 1.0, 2.0, 9.0]), quantiles),
                                [0.0, 0.0, 0.25, 0.5, 1.0, 1.0])
-    assert fusion.normalise(np.array([3.0, -3.0]), np.array([7.0])).tolist() == [0.5, 0.5]
+    assert fusion_rules.normalise(np.array([3.0, -3.0]), np.array([7.0])).tolist() == [0.5, 0.5]
     # steps of 1/10: 11 splits for two members; 66 for three, plus equal thirds, which tenths miss
-    assert len(fusion.weight_grid(2)) == 11 and len(fusion.weight_grid(3)) == 67
-    assert all(sum(w) == pytest.approx(1.0) for w in fusion.weight_grid(7))
-    assert len(fusion.weight_grid(7)) <= fusion.MAX_GRID_POINTS and (1 / 7,) * 7 in fusion.weight_grid(7)
+    assert len(fusion_rules.weight_grid(2)) == 11 and len(fusion_rules.weight_grid(3)) == 67
+    assert all(sum(w) == pytest.approx(1.0) for w in fusion_rules.weight_grid(7))
+    assert len(fusion_rules.weight_grid(7)) <= fusion_rules.MAX_GRID_POINTS and (1 / 7,) * 7 in fusion_rules.weight_grid(7)
 
 
 # -- tiny runs --------------------------------------------------------------------------------------
@@ -246,7 +247,7 @@ def test_ensemble_metrics_from_saved_predictions_equal_evaluate_rescoring(runs, 
 
     # the saved ranking is the rule applied to the members' saved top-k
     member_predictions = [load_file(str(m / "predictions.safetensors")) for m in members]
-    expected, _ = fusion.combine([p["labels"] for p in member_predictions],
+    expected, _ = fusion_rules.combine([p["labels"] for p in member_predictions],
                                    [p["scores"] for p in member_predictions], 10)
     np.testing.assert_array_equal(load_file(str(directory / "predictions.safetensors"))["labels"], expected)
 
@@ -410,7 +411,7 @@ def test_weighted_ensemble_round_trip(hybrid, tmp_path):
     rule = ensemble.read_ensemble(directory).fusion
     assert rule.weights == fusion["weights"]
     member_predictions = [load_file(str(m / "predictions.safetensors")) for m in members]
-    expected, _ = fusion.fuse([p["labels"] for p in member_predictions], [p["scores"] for p in member_predictions],
+    expected, _ = fusion_rules.fuse([p["labels"] for p in member_predictions], [p["scores"] for p in member_predictions],
                                 10, rule)
     saved = load_file(str(directory / "predictions.safetensors"))
     np.testing.assert_array_equal(saved["labels"], expected)
