@@ -7,14 +7,13 @@ when planning had to read it (the run then reads it no second time).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 import xmcbench
-
 from xmcbench import whole_methods
 from xmcbench.config import PATH_KIND, MethodSpec, TrainConfig, check_options, parse_set_options, read_config_file, \
     resolve_config
@@ -32,7 +31,6 @@ from xmcbench.rundir import is_finished, reading_of
 from xmcbench.runs.splits import training_pool
 from xmcbench.storage import read_json
 from xmcbench.tokenization import load_tokenizer
-
 
 
 @dataclass
