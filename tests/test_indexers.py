@@ -194,6 +194,19 @@ def test_another_indexer_clusters_under_a_key_naming_it(registry, tiny_dir, cach
     assert label_clusters(dataset, config(indexer="random"), rows, registry).label_cluster.tolist() == expected.tolist()
 
 
+def assert_indexer_reads_documents_as_features(dataset):
+    """Cluster `dataset` (whose document i has feature i alone) with a spy indexer: label l's features must be
+    its documents, normalised. Returns the spy's registry."""
+    spy = Spy()
+    spied = build_registry(extra_plugins=[("spy", spy.plugin())])
+    label_clusters(dataset, config(indexer="spy"), all_rows(dataset), spied)
+    (received,) = spy.received
+    documents = dataset.train_labels[:, :dataset.num_labels].T.toarray()
+    np.testing.assert_allclose(received.toarray(), documents / np.linalg.norm(documents, axis=1, keepdims=True),
+                               rtol=1e-6)
+    return spied
+
+
 def test_the_features_of_a_pecos_folder_reach_the_indexer_rather_than_tfidf(registry, tiny_dir, tmp_path, cache):
     folder = write_dataset(registry, open_dataset(registry, str(tiny_dir)), tmp_path / "pecos", "pecos")
     # document i has feature i alone (of value i + 1, as stored): once the documents' rows are unit, label l's
@@ -202,13 +215,7 @@ def test_the_features_of_a_pecos_folder_reach_the_indexer_rather_than_tfidf(regi
     sp.save_npz(folder / "X.tst.npz", sp.csr_matrix((16, 48), dtype=np.float32))
     dataset = open_dataset(registry, str(folder))
     assert dataset.train_texts and dataset.has_train_features
-    spy = Spy()
-    spied = build_registry(extra_plugins=[("spy", spy.plugin())])
-    label_clusters(dataset, config(indexer="spy"), all_rows(dataset), spied)
-    (received,) = spy.received
-    documents = dataset.train_labels[:, :dataset.num_labels].T.toarray()
-    np.testing.assert_allclose(received.toarray(), documents / np.linalg.norm(documents, axis=1, keepdims=True),
-                               rtol=1e-6)
+    spied = assert_indexer_reads_documents_as_features(dataset)
     key = fingerprint(dataset.version, "all", 4, 0, OWN_FEATURES, "indexer spy", code_record(spied.indexers["spy"]))
     assert [path.name for path in cache.iterdir()] == [f"{key}.npy"]
 
@@ -217,13 +224,7 @@ def test_the_raw_text_features_file_reaches_the_indexer(registry, tiny_dir, tmp_
     folder = Path(shutil.copytree(tiny_dir, tmp_path / "with-features"))
     (folder / "train_v1.txt").write_text("".join(f"0 {i}:2\n" for i in range(48)))   # LightXML's svmlight file
     dataset = open_dataset(registry, str(folder))
-    spy = Spy()
-    spied = build_registry(extra_plugins=[("spy", spy.plugin())])
-    label_clusters(dataset, config(indexer="spy"), all_rows(dataset), spied)
-    (received,) = spy.received
-    documents = dataset.train_labels[:, :dataset.num_labels].T.toarray()
-    np.testing.assert_allclose(received.toarray(), documents / np.linalg.norm(documents, axis=1, keepdims=True),
-                               rtol=1e-6)
+    assert_indexer_reads_documents_as_features(dataset)
 
 
 def test_only_clustering_reads_the_features_file(registry, tiny_dir, tmp_path, cache):

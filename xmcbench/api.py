@@ -191,12 +191,8 @@ class Predictor:
         propensity_a, propensity_b), as keywords or as `--set` strings "key=value"."""
         reading = _reading(reading)
         config = self.saved.scoring_config(list(set_options) + _set_options(settings))   # before any data is read
-        if data is None:
-            name, recorded_reading = self.saved.recorded_data()
-            dataset = open_dataset(self.saved.registry, name, _path(data_dir),
-                                   reading if reading != FormatOptions() else recorded_reading)
-        else:
-            dataset = open_data(data, self.saved.registry, reading, data_dir)
+        dataset = self.saved.recorded_dataset(_path(data_dir), reading) if data is None else \
+            open_data(data, self.saved.registry, reading, data_dir)
         return self.saved.evaluate(dataset, config)
 
 

@@ -90,8 +90,14 @@ class SavedModel:
                            f"--top-k {max(config.eval_ks)}`)")
         return config
 
-    def recorded_data(self) -> tuple[str, FormatOptions]:
-        """The dataset the run (or the ensemble's members) was trained on, and how it was read."""
+    def recorded_dataset(self, data_dir: Path | None = None, reading: FormatOptions | None = None) -> Dataset:
+        """The dataset the run (or the ensemble's members) was trained on, read as it was read, or with `reading`
+        when given (not the defaults); data_dir: the folder of user-provided registered datasets."""
+        name, recorded = self._recorded_data()
+        reading = reading if reading not in (None, FormatOptions()) else recorded
+        return open_dataset(self.registry, name, data_dir, reading)
+
+    def _recorded_data(self) -> tuple[str, FormatOptions]:
         recorded = self.path / "config.json"
         if self.ensemble is not None:
             first = self.ensemble.members[0].config
@@ -161,10 +167,9 @@ def evaluate(path: Path, dataset_name: str | None = None, data_dir: Path | None 
     registry = registry or build_registry()
     saved = load(path, registry)
     config = saved.scoring_config(set_options)
-    if dataset_name is None:
-        dataset_name, recorded = saved.recorded_data()
-        options = options if options not in (None, FormatOptions()) else recorded
-    return saved.evaluate(open_dataset(registry, dataset_name, data_dir, options), config)
+    dataset = saved.recorded_dataset(data_dir, options) if dataset_name is None else \
+        open_dataset(registry, dataset_name, data_dir, options)
+    return saved.evaluate(dataset, config)
 
 
 def predict_texts(path: Path, texts: list[str], top_k: int = 5, registry: Registry | None = None) -> list[dict]:
