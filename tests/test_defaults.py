@@ -88,6 +88,18 @@ def test_fewer_documents_get_more_epochs_within_bounds():
     assert defaults.EPOCH_RANGE[0] <= min(epochs) and max(epochs) <= defaults.EPOCH_RANGE[1]
 
 
+def test_with_a_validation_split_rare_labels_raise_the_epoch_cap():
+    """The cap grows with the share of labels seen at most twice, where validation can stop training earlier;
+    without a validation split nothing would stop it, so the budget stays TARGET_STEPS."""
+    common, rare = (values(derive_settings(statistics(share_of_labels_with_at_most_2_documents=share), CPU))
+                    for share in (0.0, 0.75))
+    assert common["epochs"] == 4 and rare["epochs"] == 9   # 282 steps an epoch: 1,000 and 2,500 steps
+    assert rare["epochs"] <= defaults.EPOCH_RANGE[1] and rare["patience"] == defaults.PATIENCE
+    unvalidated = [values(derive_settings(statistics(documents=900, share_of_labels_with_at_most_2_documents=share),
+                                          CPU))["epochs"] for share in (0.0, 0.75)]
+    assert unvalidated[0] == unvalidated[1] == 10   # 57 steps an epoch: 1,000 steps need 18, capped at 10
+
+
 def test_a_gpu_gets_a_larger_batch_on_large_sets_only():
     assert values(derive_settings(statistics(documents=200_000), GPU))["batch_size"] > \
         values(derive_settings(statistics(documents=200_000), CPU))["batch_size"]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 # A change to any rule below changes the configurations it derives: bump it, so results stay traceable.
-RULE_VERSION = 1
+RULE_VERSION = 2
 
 LENGTH_SAMPLE = 2000             # training texts tokenized (without truncation) for the length distribution
 LENGTH_QUANTILE = 0.9            # max_length covers this share of training texts whole...
@@ -33,6 +33,7 @@ FLAT_MAX_LABELS = 30000          # the paper's models are flat up to Wiki10-31K'
 CLUSTER_SIZE = 64                # beyond: the paper's Wiki-500K / Amazon-670K clusters hold 62 / 82 labels...
 TOP_CLUSTERS = 32                # ...and its Wiki-500K model recalls 32 of them
 TARGET_STEPS = 1000              # steps after which the heads have converged on the tuning sets (README)
+RARE_LABEL_STEPS = 2             # with a validation split, the cap grows by this x TARGET_STEPS x the rare share
 EPOCH_RANGE = (3, 10)
 PATIENCE = 2
 SWA_UPDATES_PER_EPOCH = 4
@@ -154,12 +155,20 @@ def derive_settings(stats: DatasetStatistics, device: DeviceFacts) -> dict[str, 
         "P@1 87.2 / PSP@5 50.3, at 1e-3 82.4 / 37.5 (and 87.4 / 48.6 only after eight)")
 
     steps_per_epoch = max(1, math.ceil(train_documents / batch_size))
-    epochs = int(min(max(math.ceil(TARGET_STEPS / steps_per_epoch), EPOCH_RANGE[0]), EPOCH_RANGE[1]))
+    rare = stats.share_of_labels_with_at_most_2_documents
+    if validation:   # a cap: validation stops training once it no longer improves
+        steps = int(round(TARGET_STEPS * (1 + RARE_LABEL_STEPS * rare)))
+        why = (f"a cap of {steps:,} steps ({TARGET_STEPS:,}, plus {RARE_LABEL_STEPS} x {TARGET_STEPS:,} x the share "
+               f"of labels with at most 2 documents: a rare label's row sees its positives once an epoch), within "
+               f"{EPOCH_RANGE}; training stops earlier after {PATIENCE} epochs without a better validation score")
+    else:
+        steps = TARGET_STEPS
+        why = (f"enough epochs for {TARGET_STEPS:,} steps, where validation P@5 stopped improving on the tuning sets, "
+               f"within {EPOCH_RANGE} (no validation split to stop earlier)")
+    epochs = int(min(max(math.ceil(steps / steps_per_epoch), EPOCH_RANGE[0]), EPOCH_RANGE[1]))
     derived["epochs"] = Derived(
-        epochs, f"{steps_per_epoch} steps per epoch ({train_documents} documents / batch {batch_size})",
-        f"enough epochs for {TARGET_STEPS:,} steps, where validation P@5 stopped improving on the tuning sets, "
-        f"within {EPOCH_RANGE}" + (f"; training stops earlier after {PATIENCE} epochs without a better "
-                                   "validation score" if validation else ""))
+        epochs, f"{steps_per_epoch} steps per epoch ({train_documents} documents / batch {batch_size})"
+                + (f"; {rare:.0%} of labels with at most 2 documents" if validation else ""), why)
     swa_every = max(1, steps_per_epoch // SWA_UPDATES_PER_EPOCH)
     derived["swa_every_steps"] = Derived(
         swa_every, f"{steps_per_epoch} steps per epoch",

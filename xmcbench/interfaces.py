@@ -32,6 +32,7 @@ from torch import nn
 from xmcbench.whole_contract import WholeMethod
 
 if TYPE_CHECKING:
+    import scipy.sparse as sp
     from xmcbench.config import Stage
 
 __all__ = ["Candidates", "Encoder", "EpochContext", "LabelClusters", "LabelInfo", "LifecycleEvents",
@@ -204,6 +205,9 @@ class EpochContext:
     ranker: the label-level ranker of the model the event is about (the SWA average at a validation where
         averaging runs), e.g. for a retriever to search the label vectors that ranker scores with; None in
         xmcbench.testing's synthetic contexts.
+    training_labels: (N, L) 0/1 csr, the labels of the training documents (rows as document_embeddings', columns
+        in label-id order), e.g. to start each label's weights at the mean of its documents; None where the
+        caller has none.
     """
 
     stage: "Stage"
@@ -217,6 +221,7 @@ class EpochContext:
     cache: dict = field(default_factory=dict, repr=False)   # shared by the copies one event hands out
     final: bool = False
     ranker: "Ranker | None" = None
+    training_labels: "sp.csr_matrix | None" = None
 
     def document_embeddings(self) -> torch.Tensor:
         """(N, D) float32, computed once per event."""

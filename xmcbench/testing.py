@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 from torch import nn
 
@@ -257,13 +258,16 @@ def _lifecycle(check: "_Check", component: nn.Module, num_labels: int, dim: int,
 
     stage = Stage("rank", losses=("rank",))
     recalled = torch.rand(NUM_DOCUMENTS, num_clusters, generator=generator).argsort(dim=1)
+    training_labels = sp.random(NUM_DOCUMENTS, num_labels, density=0.1, format="csr", dtype=np.float32,
+                                random_state=SEED)
+    training_labels.data[:] = 1.0
     # finalize twice: before a validation, then when training ends (EpochContext.final)
     calls = [(event, final) for event in events for final in ((False, True) if event == "finalize" else (False,))]
     for event, final in calls:
         context = EpochContext(stage, 0 if event == "start_epoch" else None, NUM_DOCUMENTS, label_info,
                                map_documents=mapped(NUM_DOCUMENTS, documents), map_labels=mapped(num_labels, labels),
                                recalled_clusters=lambda top: recalled[:, :min(top, num_clusters)],
-                               encoder=_FixedEncoder(dim), final=final)
+                               encoder=_FixedEncoder(dim), final=final, training_labels=training_labels)
         with check.rule(f"{event}(context) must work"):
             getattr(component, event)(context)
 

@@ -1,12 +1,16 @@
 """`cluster-linear`: LightXML's generator, one linear layer from the representation to cluster logits."""
 
+import numpy as np
 import torch
 from torch import nn
 
-from xmcbench.errors import RefusedSetting
+from xmcbench.errors import RefusedSetting, XmcError
 from xmcbench.interfaces import EpochContext, LabelInfo, Recaller
-from xmcbench_lightxml.options import POSITIVE_WEIGHT
+from xmcbench_lightxml.options import HEAD_INIT, POSITIVE_WEIGHT
 
+# A PIFA row scores a document by PIFA_SCALE x its cosine to the label's documents (the representations divided
+# by their mean length): a label seen once starts about PIFA_SCALE logits above its prior on its own document.
+PIFA_SCALE = 5.0
 
 
 class ClusterLinearRecaller(Recaller):
@@ -34,22 +38,73 @@ class PropensityWeightedRecaller(ClusterLinearRecaller):
     def start_epoch(self, context: EpochContext) -> None:
         weights = torch.as_tensor(context.label_info.inverse_propensities, dtype=torch.float32)
         self.positive_weights.copy_(weights.to(self.positive_weights.device))
+        super().start_epoch(context)
 
     def loss(self, logits: torch.Tensor, cluster_targets: torch.Tensor) -> torch.Tensor:
         return nn.functional.binary_cross_entropy_with_logits(logits.float(), cluster_targets,
                                                               pos_weight=self.positive_weights)
 
 
+class PifaInitialisedRecaller(ClusterLinearRecaller):
+    """A flat `cluster-linear` whose rows start where PECOS's PIFA puts labels (options.head_init=pifa): row l is
+    the mean of the unit-length, centred representations of l's training documents under the encoder as training
+    begins, and its bias the log-odds of l's prior, less the row's score of the mean representation. A label seen
+    once then starts at its one document instead of at random. This happens once, when the first epoch begins;
+    the buffer `initialised` travels with checkpoints, so neither a resumed run nor a later stage redoes it. With
+    head_init=auto on a run with label clusters (one row per cluster, not per label) the rows stay random."""
+
+    def __init__(self, in_dim: int, num_clusters: int) -> None:
+        super().__init__(in_dim, num_clusters)
+        self.register_buffer("initialised", torch.zeros((), dtype=torch.bool))
+
+    def start_epoch(self, context: EpochContext) -> None:
+        if not bool(self.initialised):
+            if context.training_labels is not None and context.training_labels.shape[1] != self.num_clusters:
+                self.initialised.fill_(True)   # head_init=auto on label clusters: rows stay random (check_* refuses pifa)
+            else:
+                self.initialise(context)
+        super().start_epoch(context)
+
+    @torch.no_grad()
+    def initialise(self, context: EpochContext) -> None:
+        if context.training_labels is None:
+            raise XmcError("options.head_init=pifa needs the training documents' labels, which this trainer does not "
+                           "hand to start_epoch (EpochContext.training_labels); drop the option")
+        documents = context.document_embeddings().float()                                    # (N, D)
+        labels = context.training_labels.tocsr().astype(np.float32)                          # (N, L)
+        mean = documents.mean(dim=0)                                                         # (D,)
+        centred = documents - mean
+        lengths = centred.norm(dim=1, keepdim=True)
+        unit = centred / lengths.clamp_min(1e-12)
+        sums = torch.from_numpy(np.asarray(labels.T @ unit.numpy(), dtype=np.float32))       # (L, D)
+        rows = nn.functional.normalize(sums, dim=1) * (PIFA_SCALE / lengths.mean().clamp_min(1e-12))
+        counts = torch.from_numpy(np.asarray(labels.sum(axis=0), dtype=np.float32).ravel())   # (L,)
+        prior = (counts + 1.0) / (labels.shape[0] + 2.0)
+        weight = self.linear.weight
+        weight.copy_(rows.to(weight))
+        self.linear.bias.copy_((torch.log(prior / (1 - prior)) - rows @ mean).to(self.linear.bias))
+        self.initialised.fill_(True)
+
+
+class PifaPropensityRecaller(PifaInitialisedRecaller, PropensityWeightedRecaller):
+    """Both options: PIFA rows and propensity-weighted positives."""
+
+
 def build_cluster_linear(config, in_dim: int, num_clusters: int) -> ClusterLinearRecaller:
-    if POSITIVE_WEIGHT.value_of(config) == "propensity":
-        return PropensityWeightedRecaller(in_dim, num_clusters)
-    return ClusterLinearRecaller(in_dim, num_clusters)
+    propensity = POSITIVE_WEIGHT.value_of(config) == "propensity"
+    pifa = HEAD_INIT.value_of(config) in ("pifa", "auto")   # auto: whether the run is flat is known at start_epoch
+    kind = {(False, False): ClusterLinearRecaller, (True, False): PropensityWeightedRecaller,
+            (False, True): PifaInitialisedRecaller, (True, True): PifaPropensityRecaller}[propensity, pifa]
+    return kind(in_dim, num_clusters)
 
 
 def check_cluster_linear(config, label_info: LabelInfo) -> None:
-    """Refuses, before a run starts, propensity weights where a cluster holds several labels (one weight would
-    stand for labels of every frequency)."""
+    """Refuses, before a run starts, propensity weights or PIFA rows where a cluster holds several labels (one
+    weight or one row would stand for labels of every frequency)."""
     flat = config.cluster_size == 1 or config.num_clusters == len(label_info.names)
     if POSITIVE_WEIGHT.value_of(config) == "propensity" and not flat:
         raise RefusedSetting("options.positive_weight=propensity weighs each label's positives, so it needs one label "
+                             "per cluster (a flat run: --set cluster_size=1); drop it for a run with label clusters")
+    if HEAD_INIT.value_of(config) == "pifa" and not flat:
+        raise RefusedSetting("options.head_init=pifa starts each label's row at its documents, so it needs one label "
                              "per cluster (a flat run: --set cluster_size=1); drop it for a run with label clusters")

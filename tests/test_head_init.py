@@ -1,0 +1,131 @@
+"""`cluster-linear` with options.head_init=pifa: each label's row starts at the mean of its training documents'
+centred, unit-length representations and its bias at its prior, once; only where a run is flat."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from safetensors.torch import load_file
+
+from xmcbench.config import Stage, TrainConfig
+from xmcbench.errors import XmcError
+from xmcbench.interfaces import EpochContext, LabelInfo
+from xmcbench.registry import build_registry
+from xmcbench.testing import write_tiny_dataset
+from xmcbench.runs import launch
+from xmcbench.runs.plan import plan_run
+from xmcbench_lightxml.recaller import (ClusterLinearRecaller, PifaInitialisedRecaller, PifaPropensityRecaller,
+                                        PropensityWeightedRecaller, build_cluster_linear)
+
+PIFA = dataclasses.replace(TrainConfig(), options={"head_init": "pifa"})
+
+
+class CountingDocuments:
+    """map_documents that returns fixed (N, D) representations and counts how often it was asked."""
+
+    def __init__(self, documents: torch.Tensor) -> None:
+        self.documents, self.calls = documents, 0
+
+    def __call__(self, function, dim: int) -> torch.Tensor:
+        self.calls += 1
+        return self.documents
+
+
+def context(documents: CountingDocuments, labels: sp.csr_matrix | None, epoch: int = 0) -> EpochContext:
+    size = labels.shape[1] if labels is not None else 3
+    info = LabelInfo(tuple(f"l{i}" for i in range(size)), None, np.ones(size, dtype=np.int64), np.ones(size))
+    return EpochContext(Stage("joint"), epoch, len(documents.documents), info, map_documents=documents,
+                        map_labels=None, recalled_clusters=None, encoder=type("E", (), {"out_dim": 4})(),
+                        training_labels=labels)
+
+
+def test_the_option_picks_the_recaller():
+    assert type(build_cluster_linear(TrainConfig(), 4, 3)) is ClusterLinearRecaller
+    assert type(build_cluster_linear(PIFA, 4, 3)) is PifaInitialisedRecaller
+    both = dataclasses.replace(PIFA, options={"head_init": "pifa", "positive_weight": "propensity"})
+    recaller = build_cluster_linear(both, 4, 3)
+    assert type(recaller) is PifaPropensityRecaller and isinstance(recaller, PropensityWeightedRecaller)
+
+
+def test_a_label_starts_at_its_documents_and_only_once():
+    generator = torch.Generator().manual_seed(0)
+    documents = CountingDocuments(torch.randn(6, 32, generator=generator) * 3 + 1)   # nearly orthogonal once centred
+    # label 0: documents 0 and 1; label 1: document 2 only (seen once); label 2: no document
+    labels = sp.csr_matrix(np.array([[1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]],
+                                    dtype=np.float32))
+    recaller = build_cluster_linear(PIFA, 32, 3)
+    recaller.start_epoch(context(documents, labels))
+    mean = documents.documents.mean(dim=0)
+    centred = documents.documents - mean
+    with torch.no_grad():
+        logits = recaller(documents.documents)                                            # (6, 3)
+        at_mean = recaller(mean[None])[0]
+    assert int(logits[:, 1].argmax()) == 2, "a label seen once scores its one document highest"
+    cosine = torch.nn.functional.cosine_similarity(recaller.linear.weight[1].detach(), centred[2], dim=0)
+    assert float(cosine) == pytest.approx(1.0, abs=1e-5)
+    assert set(logits[:, 0].topk(2).indices.tolist()) == {0, 1}
+    prior = (1 + 1.0) / (6 + 2.0)
+    assert float(at_mean[1]) == pytest.approx(float(np.log(prior / (1 - prior))), abs=1e-5), \
+        "the mean document scores a label at its prior's log-odds"
+    assert torch.all(recaller.linear.weight[2] == 0), "a label with no document has no direction to start from"
+    assert bool(recaller.state_dict()["initialised"]), "a checkpoint says it is done"
+
+    before = recaller.linear.weight.detach().clone()
+    recaller.start_epoch(context(documents, labels, epoch=1))
+    assert documents.calls == 1 and torch.equal(recaller.linear.weight, before), "later epochs keep training's rows"
+    resumed = build_cluster_linear(PIFA, 32, 3)
+    resumed.load_state_dict(recaller.state_dict())
+    resumed.start_epoch(context(documents, labels, epoch=0))   # e.g. the first epoch of a later stage
+    assert documents.calls == 1 and torch.equal(resumed.linear.weight, before)
+
+
+def test_auto_starts_a_flat_recaller_at_pifa_rows_and_leaves_cluster_rows_random():
+    auto = dataclasses.replace(TrainConfig(), options={"head_init": "auto"})
+    documents = CountingDocuments(torch.randn(6, 32, generator=torch.Generator().manual_seed(1)))
+    labels = sp.csr_matrix(np.eye(6, 3, dtype=np.float32))
+    flat = build_cluster_linear(auto, 32, 3)
+    flat.start_epoch(context(documents, labels))
+    assert documents.calls == 1 and torch.equal(flat.linear.weight, pifa_rows(documents, labels))
+    clustered = build_cluster_linear(auto, 32, 2)   # 2 clusters of 3 labels: no row stands for one label
+    random_rows = clustered.linear.weight.detach().clone()
+    clustered.start_epoch(context(documents, labels))
+    assert documents.calls == 1 and torch.equal(clustered.linear.weight, random_rows)
+    assert bool(clustered.initialised), "decided once"
+
+
+def pifa_rows(documents: CountingDocuments, labels: sp.csr_matrix) -> torch.Tensor:
+    recaller = build_cluster_linear(PIFA, documents.documents.shape[1], labels.shape[1])
+    recaller.start_epoch(context(CountingDocuments(documents.documents), labels))
+    return recaller.linear.weight
+
+
+def test_without_the_training_labels_it_says_what_is_missing():
+    recaller = build_cluster_linear(PIFA, 4, 3)
+    with pytest.raises(XmcError, match="head_init=pifa needs the training documents' labels"):
+        recaller.start_epoch(context(CountingDocuments(torch.zeros(2, 4)), None))
+
+
+def test_a_run_with_label_clusters_is_refused_before_its_folder(tiny_model_dir, tmp_path):
+    registry = build_registry()
+    data = write_tiny_dataset(tmp_path / "data")
+    plan = plan_run(registry, "lightxml", str(data), set_options=[
+        f"model_name={tiny_model_dir}", "pretrained_weights=false", "num_layers=2", "epochs=1", "max_length=32",
+        "threads=1", "hidden_size=8", "cluster_size=2", "top_clusters=2", "options.head_init=pifa"])
+    with pytest.raises(XmcError, match="head_init=pifa starts each label's row at its documents"):
+        launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_flat_run_trains_from_pifa_rows(tiny_model_dir, tmp_path):
+    registry = build_registry()
+    data = write_tiny_dataset(tmp_path / "data")
+    plan = plan_run(registry, "lightxml", str(data), set_options=[
+        f"model_name={tiny_model_dir}", "pretrained_weights=false", "num_layers=2", "epochs=1", "max_length=32",
+        "threads=1", "cluster_size=1", "options.head_init=pifa"])
+    launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    weights = load_file(tmp_path / "run" / "model" / "weights.safetensors")
+    assert bool(weights["recaller.initialised"])
