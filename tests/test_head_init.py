@@ -4,6 +4,7 @@ centred, unit-length representations and its bias at its prior, once; only where
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -120,12 +121,23 @@ def test_a_run_with_label_clusters_is_refused_before_its_folder(tiny_model_dir, 
     assert not (tmp_path / "run").exists()
 
 
-def test_a_flat_run_trains_from_pifa_rows(tiny_model_dir, tmp_path):
+def test_a_flat_run_starts_from_pifa_rows_by_default_though_its_test_set_has_a_label_training_lacks(
+        tiny_model_dir, tmp_path, monkeypatch):
+    """lightxml's head_init=auto on a flat run: the rows start at PIFA, also where the dataset's label vocabulary
+    is wider than the model's (a test-only label), which must not read as label clusters."""
     registry = build_registry()
     data = write_tiny_dataset(tmp_path / "data")
+    (data / "test_labels.txt").write_text((data / "test_labels.txt").read_text().replace("db:sql", "db:nosql", 1))
+    started = []
+    initialise = PifaInitialisedRecaller.initialise
+    monkeypatch.setattr(PifaInitialisedRecaller, "initialise",
+                        lambda self, context: (started.append(context.training_labels.shape), initialise(self, context)))
     plan = plan_run(registry, "lightxml", str(data), set_options=[
         f"model_name={tiny_model_dir}", "pretrained_weights=false", "num_layers=2", "epochs=1", "max_length=32",
-        "threads=1", "cluster_size=1", "options.head_init=pifa"])
+        "threads=1", "cluster_size=1"])
+    assert plan.config.options == {"head_init": "auto"}
     launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    names = json.loads((tmp_path / "run" / "model" / "labels.json").read_text())
+    assert started == [(48, len(names))] and "db:nosql" not in names
     weights = load_file(tmp_path / "run" / "model" / "weights.safetensors")
     assert bool(weights["recaller.initialised"])

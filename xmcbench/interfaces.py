@@ -206,8 +206,8 @@ class EpochContext:
         averaging runs), e.g. for a retriever to search the label vectors that ranker scores with; None in
         xmcbench.testing's synthetic contexts.
     training_labels: (N, L) 0/1 csr, the labels of the training documents (rows as document_embeddings', columns
-        in label-id order), e.g. to start each label's weights at the mean of its documents; None where the
-        caller has none.
+        the model's L labels in label-id order: labels only the test set has are not among them), e.g. to start
+        each label's weights at the mean of its documents; None where the caller has none.
     """
 
     stage: "Stage"

@@ -263,7 +263,7 @@ class Trainer:
                                   model, self.tokens, function, Output((dim,), np.float32, 0.0))),
                               map_labels=lambda function, dim: self._map_labels(model, function, dim),
                               recalled_clusters=self._recalled_clusters, encoder=model.encoder, final=final,
-                              ranker=model.ranker, training_labels=self.labels)
+                              ranker=model.ranker, training_labels=self.labels[:, :model.clusters.num_labels])
         for component, depth in takers:
             context = copy.copy(shared)   # the computed embeddings stay shared (EpochContext.cache)
             context.recalled_clusters = lambda top, depth=depth: self._recalled_clusters(top, depth, model)

@@ -11,6 +11,6 @@ HEAD_INIT = Option("head_init", str, "random", "how each label's row of a flat r
                    "default); pifa: the mean of its training documents' representations under the pretrained "
                    "encoder (centred, unit length, as PECOS's PIFA), its bias at the label's log-odds prior, so a "
                    "label seen once starts at its one document (needs a flat run: one label per cluster); auto "
-                   "(lightxml's default): pifa where the run is flat (cluster_size=1), random otherwise",
+                   "(lightxml's default): pifa where the run is flat (one row per label), random otherwise",
                    choices=("random", "pifa", "auto"))
 RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT)
