@@ -104,6 +104,19 @@ def pifa_rows(documents: CountingDocuments, labels: sp.csr_matrix) -> torch.Tens
     return recaller.linear.weight
 
 
+def test_documents_that_barely_differ_do_not_give_rows_longer_than_their_length_allows():
+    """An untrained encoder gives nearly equal representations: dividing by their spread alone would make rows so
+    long that dropout's noise moved logits by hundreds."""
+    from xmcbench_lightxml.recaller import PIFA_MIN_SPREAD, PIFA_SCALE
+    generator = torch.Generator().manual_seed(2)
+    documents = CountingDocuments(torch.full((6, 32), 2.0) + 1e-3 * torch.randn(6, 32, generator=generator))
+    labels = sp.csr_matrix(np.eye(6, 3, dtype=np.float32))
+    recaller = build_cluster_linear(PIFA, 32, 3)
+    recaller.start_epoch(context(documents, labels))
+    length = float(documents.documents.norm(dim=1).mean())
+    assert recaller.linear.weight.norm(dim=1).detach().numpy() == pytest.approx(PIFA_SCALE / (PIFA_MIN_SPREAD * length))
+
+
 def test_without_the_training_labels_it_says_what_is_missing():
     recaller = build_cluster_linear(PIFA, 4, 3)
     with pytest.raises(XmcError, match="head_init=pifa needs the training documents' labels"):

@@ -322,7 +322,8 @@ def test_half_precision_round_trip(half_run, trained_run, registry):
     assert meta["storage_dtype"] == meta["config"]["storage_dtype"] == loaded_config.storage_dtype == name
     header = json.loads(half_file.read_bytes()[8:8 + int.from_bytes(half_file.read_bytes()[:8], "little")])
     stored = {entry["dtype"] for key, entry in header.items() if key != "__metadata__"}
-    assert stored == {{"float16": "F16", "bfloat16": "BF16"}[name], "I64"}   # label clusters stay integers
+    # label clusters stay integers, the flag that a recaller's PIFA rows were set stays a bool
+    assert stored == {{"float16": "F16", "bfloat16": "BF16"}[name], "I64", "BOOL"}
 
     expected, found = original.state_dict(), loaded.state_dict()
     assert expected.keys() == found.keys()

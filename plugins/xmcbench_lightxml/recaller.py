@@ -8,9 +8,13 @@ from xmcbench.errors import RefusedSetting, XmcError
 from xmcbench.interfaces import EpochContext, LabelInfo, Recaller
 from xmcbench_lightxml.options import HEAD_INIT, POSITIVE_WEIGHT
 
-# A PIFA row scores a document by PIFA_SCALE x its cosine to the label's documents (the representations divided
-# by their mean length): a label seen once starts about PIFA_SCALE logits above its prior on its own document.
+# A PIFA row scores a document by PIFA_SCALE x its cosine to the label's documents (the centred representations
+# divided by their mean length): a label seen once starts about PIFA_SCALE logits above its prior on its own
+# document. The divisor is at least PIFA_MIN_SPREAD x the representations' own mean length: where documents barely
+# differ (an untrained encoder), dividing by their tiny spread would give rows so long that dropout's noise on the
+# representation alone moved logits by hundreds. Pretrained MiniLM's spread is 0.22 of its length on the Debian sets.
 PIFA_SCALE = 5.0
+PIFA_MIN_SPREAD = 0.1
 
 
 class ClusterLinearRecaller(Recaller):
@@ -77,7 +81,8 @@ class PifaInitialisedRecaller(ClusterLinearRecaller):
         lengths = centred.norm(dim=1, keepdim=True)
         unit = centred / lengths.clamp_min(1e-12)
         sums = torch.from_numpy(np.asarray(labels.T @ unit.numpy(), dtype=np.float32))       # (L, D)
-        rows = nn.functional.normalize(sums, dim=1) * (PIFA_SCALE / lengths.mean().clamp_min(1e-12))
+        spread = torch.maximum(lengths.mean(), PIFA_MIN_SPREAD * documents.norm(dim=1).mean()).clamp_min(1e-12)
+        rows = nn.functional.normalize(sums, dim=1) * (PIFA_SCALE / spread)
         counts = torch.from_numpy(np.asarray(labels.sum(axis=0), dtype=np.float32).ravel())   # (L,)
         prior = (counts + 1.0) / (labels.shape[0] + 2.0)
         weight = self.linear.weight
