@@ -1,5 +1,6 @@
 """`cluster-linear` with options.head_init=pifa: each label's row starts at the mean of its training documents'
-centred, unit-length representations and its bias at its prior, once; only where a run is flat."""
+centred, unit-length representations and its bias at its prior, once; only where a run is flat (the refusal on
+label clusters is tested beside positive weights' in test_positive_weight)."""
 
 from __future__ import annotations
 
@@ -121,17 +122,6 @@ def test_without_the_training_labels_it_says_what_is_missing():
     recaller = build_cluster_linear(PIFA, 4, 3)
     with pytest.raises(XmcError, match="head_init=pifa needs the training documents' labels"):
         recaller.start_epoch(context(CountingDocuments(torch.zeros(2, 4)), None))
-
-
-def test_a_run_with_label_clusters_is_refused_before_its_folder(tiny_model_dir, tmp_path):
-    registry = build_registry()
-    data = write_tiny_dataset(tmp_path / "data")
-    plan = plan_run(registry, "lightxml", str(data), set_options=[
-        f"model_name={tiny_model_dir}", "pretrained_weights=false", "num_layers=2", "epochs=1", "max_length=32",
-        "threads=1", "hidden_size=8", "cluster_size=2", "top_clusters=2", "options.head_init=pifa"])
-    with pytest.raises(XmcError, match="head_init=pifa starts each label's row at its documents"):
-        launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
-    assert not (tmp_path / "run").exists()
 
 
 def test_a_flat_run_starts_from_pifa_rows_by_default_though_its_test_set_has_a_label_training_lacks(

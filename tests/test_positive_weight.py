@@ -46,12 +46,17 @@ def test_positives_weigh_their_inverse_propensity():
     assert recaller.loss(logits, targets).item() > plain.item(), "the rare label's missed positive costs more"
 
 
-def test_a_run_with_label_clusters_is_refused_before_its_folder(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("option, refusal", [
+    ("options.positive_weight=propensity", "positive_weight=propensity weighs each label's positives"),
+    ("options.head_init=pifa", "head_init=pifa starts each label's row at its documents"),
+])
+def test_a_run_with_label_clusters_is_refused_before_its_folder(tiny_model_dir, tmp_path, option, refusal):
+    """The flat recaller's per-label options (this file's positive weights, test_head_init's PIFA rows)."""
     registry = build_registry()
     data = write_tiny_dataset(tmp_path / "data")
     plan = plan_run(registry, "lightxml", str(data), set_options=[
         f"model_name={tiny_model_dir}", "pretrained_weights=false", "num_layers=2", "epochs=1", "max_length=32",
-        "threads=1", "hidden_size=8", "cluster_size=2", "top_clusters=2", "options.positive_weight=propensity"])
-    with pytest.raises(XmcError, match="positive_weight=propensity weighs each label's positives"):
+        "threads=1", "hidden_size=8", "cluster_size=2", "top_clusters=2", option])
+    with pytest.raises(XmcError, match=refusal):
         launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     assert not (tmp_path / "run").exists()
