@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import xmcbench
@@ -88,10 +89,10 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
         return Plan(method, dataset, config, preset=preset_key, loaded=loaded, reading=reading)
     loaded = loaded or open_dataset(registry, dataset, data_dir)
     whole_methods.check_inputs(method, spec.whole_method, loaded, registry)
-    pool = training_pool(loaded, config)
+    pool = np.sort(training_pool(loaded, config))   # in file order: the seed orders the pool, not its statistics
     statistics = dataset_statistics([loaded.train_texts[i] for i in pool] if loaded.train_texts else None,
                                     loaded.train_labels[pool][:, :loaded.num_labels].tocsr(),
-                                    load_tokenizer(config.model_name) if config.model_name else None, seed=config.seed)
+                                    load_tokenizer(config.model_name) if config.model_name else None)
     device = device_facts(config)
     explicit = set(spec.defaults) | set(parse_set_options(options))
     if config_file is not None:
