@@ -21,8 +21,9 @@ done
 for round in $(seq "$rounds"); do
   for commit in "$old" "$new"; do
     output="$work/run-$commit-$round"
-    PYTHONPATH="$work/$commit:$work/$commit/plugins" python -m xmcbench run lightxml --output "$output" \
-      --set epochs=1 --set max_train_docs="$documents" --set swa=false "$@" > "$work/log" 2>&1 \
+    # run from the scratch folder: in the repository root its folders (datasets/) shadow an older commit's modules
+    (cd "$work" && PYTHONPATH="$work/$commit:$work/$commit/plugins" python -m xmcbench run lightxml --output "$output" \
+      --set epochs=1 --set max_train_docs="$documents" --set swa=false "$@") > "$work/log" 2>&1 \
       || { cat "$work/log"; exit 1; }
     python - "$output/timings.json" "$commit" "$round" <<'PY'
 import json, sys
