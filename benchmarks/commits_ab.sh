@@ -21,7 +21,8 @@ done
 for round in $(seq "$rounds"); do
   for commit in "$old" "$new"; do
     output="$work/run-$commit-$round"
-    # run from the scratch folder: in the repository root its folders (datasets/) shadow an older commit's modules
+    # run from the scratch folder: from the repository root, whose own folders are importable there, an older
+    # commit (eb38ff2) stopped at once with "no dataset named"
     (cd "$work" && PYTHONPATH="$work/$commit:$work/$commit/plugins" python -m xmcbench run lightxml --output "$output" \
       --set epochs=1 --set max_train_docs="$documents" --set swa=false "$@") > "$work/log" 2>&1 \
       || { cat "$work/log"; exit 1; }
