@@ -38,6 +38,8 @@ def main() -> None:
         names = json.loads((run / "model" / "labels.json").read_text())
         names = names if isinstance(names, list) else names["names"]
         info = load_label_info(run / "model", names, "rerun the run")
+        if info is None:
+            raise SystemExit(f"{run}: its model folder keeps no label_info.json (an older xmcbench saved it); rerun it")
         truth = remap_labels(dataset.test_labels, dataset.label_names, names).tocsr()[:, :len(names)]
         first = read_predictions(run / "predictions.safetensors", len(names), "rerun the run",
                                  documents=truth.shape[0]).labels[:, 0]
