@@ -132,6 +132,31 @@ def test_every_seed_gets_the_same_statistics_and_settings(registry, tiny_dataset
     assert len({json.dumps({key: value.value for key, value in plan.derived.items()}) for plan in plans}) == 1
 
 
+def test_a_whole_method_gets_the_same_settings_on_a_gpu_machine_and_a_cpu(registry, tiny_dataset, monkeypatch):
+    # batch size and SWA interval follow the device; a linear tree reads neither, and up to rule version 3 its
+    # runs on a GPU machine and on a CPU became two variants of it in the report
+    from dataclasses import replace
+
+    from tests.test_whole_methods import WordVotes
+    from xmcbench.config import MethodSpec
+    from xmcbench.runs import plan as planning
+
+    registry.add_method(MethodSpec("votes", "word votes", whole_method=WordVotes))
+    measured = planning.dataset_statistics
+    monkeypatch.setattr(planning, "dataset_statistics", lambda *args: replace(measured(*args), documents=30000))
+    configs = []
+    for facts in (CPU, GPU):
+        monkeypatch.setattr(planning, "device_facts", lambda config, facts=facts: facts)
+        plan = plan_run(registry, "votes", str(tiny_dataset))
+        assert set(plan.derived) == set(defaults.WHOLE_METHOD_DERIVED)
+        configs.append(plan.config.to_dict())
+    assert configs[0] == configs[1] and configs[0]["validation_size"] == 3000
+    assert configs[0]["batch_size"] == TrainConfig().batch_size   # the default, untouched
+    # a component method on the same statistics still gets the device's batch size
+    monkeypatch.setattr(planning, "device_facts", lambda config: GPU)
+    assert plan_run(registry, "lightxml", str(tiny_dataset)).config.batch_size == 32
+
+
 def test_a_config_file_and_the_methods_own_defaults_win_over_the_rule(registry, tiny_dataset, tmp_path):
     config_file = tmp_path / "settings.toml"
     config_file.write_text("head_lr = 0.005\n")

@@ -305,15 +305,21 @@ def test_zero_shot_section(results, tmp_path):
 
 
 def test_model_size_falls_back_to_the_size_recorded_when_the_run_finished(results):
-    """Runs trained on another machine and copied without their weights still report their model size."""
+    """Runs trained on another machine and copied without their model files, or with part of them, report the size
+    they recorded when they finished."""
     seed0 = results / "lightxml" / "seed0"
     (seed0 / "model" / "weights.safetensors").unlink()
     timings = json.loads((seed0 / "timings.json").read_text())
     (seed0 / "timings.json").write_text(json.dumps({**timings, "model_bytes": 3 * 2**20}))
     (results / "lightxml" / "seed1" / "model" / "weights.safetensors").unlink()   # and nothing recorded
+    seed2 = results / "lightxml" / "seed2"   # copied in part: what the run recorded wins over what is left
+    timings = json.loads((seed2 / "timings.json").read_text())
+    (seed2 / "timings.json").write_text(json.dumps({**timings, "model_bytes": 5 * 2**20}))
     sizes = {run.seed: run.values().get("model_mb") for run in report.load_runs([results], log=lambda line: None)
              if run.method == "lightxml"}
-    assert sizes == {0: 3.0, 1: None, 2: 100 / 1024}
+    assert sizes == {0: 3.0, 1: None, 2: 5.0}
+    (seed2 / "timings.json").write_text(json.dumps(timings))   # a run older than the record: its files
+    assert [run.values().get("model_mb") for run in report.load_runs([seed2], log=lambda line: None)] == [100 / 1024]
 
 
 def add_more_metrics(results):
@@ -366,6 +372,33 @@ def test_runs_written_before_a_setting_existed_are_no_variant(results, tmp_path)
     assert [(r["method"], r["n_seeds"]) for r in rows] == [("lightxml", 3), ("lightxml-static", 3)]
     text = report.write_report(report.load_runs([results], log=lambda line: None), tmp_path / "r").read_text()
     assert "eval_ks" not in text and "not recorded (written by an older xmcbench" in text
+
+
+def test_settings_an_older_whole_method_run_never_read_make_no_variant(results):
+    """Up to rule version 3 a whole method's config.json recorded the device's batch size and SWA interval, which
+    it never reads: a GPU machine's run and a CPU's are one row. A setting it does read still makes a variant."""
+    def make_whole(seed, batch_size, rule_version, validation_size=500):
+        path = results / "lightxml-static" / f"seed{seed}" / "config.json"
+        config = json.loads(path.read_text())
+        config["config"].update(batch_size=batch_size, validation_size=validation_size)
+        config["derived"] = {key: {"value": config["config"][key], "source": "", "why": ""}
+                             for key in ("batch_size", "validation_size")}
+        config["rule_version"] = rule_version
+        config.setdefault("resolved", {})["whole_method"] = "tests.WordVotes"
+        path.write_text(json.dumps(config))
+
+    def rows():
+        return [(r["method"], r["n_seeds"]) for r in report.summarize(report.load_runs([results], log=lambda l: None))]
+
+    make_whole(0, 32, 3)
+    make_whole(1, 16, 3)
+    make_whole(2, 16, 3)
+    assert rows() == [("lightxml", 3), ("lightxml-static", 3)]
+    make_whole(2, 16, 3, validation_size=400)   # the split is read: a variant
+    assert len(rows()) == 3
+    make_whole(2, 16, 3)
+    make_whole(0, 32, 4)   # rule version 4 derives no batch size for a whole method: one set explicitly counts
+    assert len(rows()) == 3
 
 
 # -- p-values only from at least 3 paired seeds -----------------------------------------------------

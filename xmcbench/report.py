@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from xmcbench.config import TrainConfig
+from xmcbench.defaults import WHOLE_METHOD_DERIVED
 from xmcbench.errors import XmcError, closest_names_hint
 from xmcbench.metrics import BUILTIN_FAMILIES, MetricFamily, metric_order, parse_at_k
 from xmcbench.rundir import model_bytes
@@ -104,7 +105,7 @@ class RunResult:
     timings: dict
     environment: dict
     losses: list[dict]     # training_log.json steps: {"step", "epoch", "loss", ...}
-    model_bytes: int       # rundir.model_bytes, else the size timings.json recorded when the run finished (0 if neither)
+    model_bytes: int       # the size timings.json recorded when the run finished, else rundir.model_bytes (0 if neither)
     frequency_bins: dict | None = None   # metrics.json "frequency_bins" (xmcbench.metrics.evaluate), if recorded
     propensity: dict | None = None       # metrics.json "propensity" (scoring.Propensities.record), if recorded
     filtered_pairs: dict | None = None   # metrics.json "filtered_pairs" (scoring.without_filtered_pairs), if any
@@ -233,7 +234,7 @@ def read_run(path: Path) -> RunResult:
         timings=timings,
         environment=_read(path / "environment.json", required=False),
         losses=list(log.get("steps", [])) if isinstance(log, dict) else [],
-        model_bytes=model_bytes(path) or _recorded_model_bytes(timings),
+        model_bytes=_recorded_model_bytes(timings) or model_bytes(path),
         frequency_bins=_frequency_bins_of(metrics.get("frequency_bins")),
         propensity=metrics["propensity"] if isinstance(metrics.get("propensity"), dict) else None,
         filtered_pairs=metrics["filtered_pairs"] if isinstance(metrics.get("filtered_pairs"), dict) else None,
@@ -309,8 +310,9 @@ def is_degenerate(top1: dict, num_labels: int = 0) -> bool:
 
 
 def _recorded_model_bytes(timings: Any) -> int:
-    """The model size a run recorded when it finished, for runs whose model files were since removed or never
-    copied (runs trained on another machine); 0 if not recorded."""
+    """The model size a run recorded when it finished: it outlives the files, which a run copied from another
+    machine may lack in part (a whole method's folder without its backend's weights measured 2.7 MB, not 168);
+    0 if not recorded (runs older than the record)."""
     recorded = timings.get("model_bytes") if isinstance(timings, dict) else None
     return int(recorded) if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0 else 0
 
@@ -361,8 +363,22 @@ def _default_settings() -> dict:
 
 def _settings_key(run: RunResult) -> str:
     # a setting missing from an older config.json had its default value: it must not make a variant
-    settings = {**_default_settings(), **run.settings}
+    defaults = _default_settings()
+    settings = {**defaults, **run.settings}
+    settings.update({key: defaults[key] for key in _unread_derived_settings(run) if key in defaults})
     return json.dumps({k: v for k, v in settings.items() if k != "seed"}, sort_keys=True, default=str)
+
+
+def _unread_derived_settings(run: RunResult) -> list[str]:
+    """Derived settings a whole method's run recorded but never read. Up to rule version 3 the core derived the
+    training loop's settings (batch size, epochs, SWA interval) for a whole method too, from the device, so its
+    runs on a GPU machine and on a CPU looked like two variants of it. Rule version 4 derives none of them."""
+    resolved = run.config.get("resolved")
+    version = run.config.get("rule_version")
+    if not (isinstance(resolved, dict) and resolved.get("whole_method")) or not _is_number(version) or version >= 4:
+        return []
+    derived = run.config.get("derived")
+    return [key for key in derived if key not in WHOLE_METHOD_DERIVED] if isinstance(derived, dict) else []
 
 
 def _flat_settings(settings: dict) -> dict[str, Any]:

@@ -19,8 +19,8 @@ from xmcbench import whole_methods
 from xmcbench.config import PATH_KIND, MethodSpec, TrainConfig, check_options, parse_set_options, read_config_file, \
     resolve_config
 from xmcbench.data import Dataset
-from xmcbench.defaults import RULE_VERSION, DatasetStatistics, Derived, DeviceFacts, dataset_statistics, \
-    derive_settings
+from xmcbench.defaults import RULE_VERSION, WHOLE_METHOD_DERIVED, DatasetStatistics, Derived, DeviceFacts, \
+    dataset_statistics, derive_settings
 from xmcbench.device import pick_device
 from xmcbench.errors import XmcError
 from xmcbench.formats import FormatOptions, open_dataset
@@ -97,7 +97,10 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
     explicit = set(spec.defaults) | set(parse_set_options(options))
     if config_file is not None:
         explicit |= set(read_config_file(config_file))
-    derived = {**derive_settings(statistics, device), **(spec.derive(statistics, device) if spec.derive else {})}
+    derived = derive_settings(statistics, device)
+    if spec.whole_method is not None:
+        derived = {key: value for key, value in derived.items() if key in WHOLE_METHOD_DERIVED}
+    derived = {**derived, **(spec.derive(statistics, device) if spec.derive else {})}
     derived = {key: value for key, value in derived.items() if key not in explicit}
     config = resolve_config(spec, preset_key, config_file, options,
                             derived={key: value.value for key, value in derived.items()})
