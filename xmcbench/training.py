@@ -260,8 +260,10 @@ class Trainer:
             return
         shared = EpochContext(stage, epoch, len(self.tokens), self.label_info,
                               map_documents=lambda function, dim: torch.from_numpy(self._map_documents(
-                                  model, self.tokens, function, Output((dim,), np.float32, 0.0))),
-                              map_labels=lambda function, dim: self._map_labels(model, function, dim),
+                                  model, self.tokens, function, Output((dim,), np.float32, 0.0),
+                                  f"encoding the training documents for {event}")),
+                              map_labels=lambda function, dim: self._map_labels(model, function, dim,
+                                                                                f"encoding the label texts for {event}"),
                               recalled_clusters=self._recalled_clusters, encoder=model.encoder, final=final,
                               ranker=model.ranker, training_labels=self.labels[:, :model.clusters.num_labels])
         for component, depth in takers:
@@ -270,7 +272,7 @@ class Trainer:
             getattr(component, event)(context)
             self._train_mode()
 
-    def _map_labels(self, model: XMCModel, function: Callable, dim: int) -> torch.Tensor:
+    def _map_labels(self, model: XMCModel, function: Callable, dim: int, description: str) -> torch.Tensor:
         """function(ids, mask) -> (B, dim) over every label's text -> (L, dim) float32 (eval mode, no gradients)."""
         if self._label_tokens is None:
             if self._label_tokens_of is None:
@@ -278,7 +280,7 @@ class Trainer:
                                "(Trainer(..., label_tokens=...))")
             self._label_tokens = self._label_tokens_of()
         return torch.from_numpy(self._map_documents(model, self._label_tokens, function,
-                                                    Output((dim,), np.float32, 0.0)))
+                                                    Output((dim,), np.float32, 0.0), description))
 
     def _end_stage(self) -> None:
         self.emit("on_stage_end", self.stage)
@@ -301,8 +303,9 @@ class Trainer:
             encoder = self.model.parts().get(name)
             if encoder is not None and name not in stage.trains and \
                     len(self.tokens) * encoder.out_dim * 4 <= FROZEN_REPRESENTATION_BYTES:
-                self.frozen_representations[name] = torch.from_numpy(self._map_training_documents(
-                    encoder, Output((encoder.out_dim,), np.float32, 0.0)))
+                self.frozen_representations[name] = torch.from_numpy(self._map_documents(
+                    self.model, self.tokens, encoder, Output((encoder.out_dim,), np.float32, 0.0),
+                    f"encoding the training documents once for the frozen {name}"))
         self._train_mode()
 
     def _recalled_clusters(self, top: int, depth: int = 0, model: XMCModel | None = None) -> torch.Tensor:
@@ -311,16 +314,15 @@ class Trainer:
         model = model if model is not None else self.model
         top = min(top, model.nodes_at(depth))
         return torch.from_numpy(self._map_documents(model, self.tokens, lambda ids, mask: model.top_nodes(
-            ids, mask, depth, top), Output((top,), np.int64, 0)))
+            ids, mask, depth, top), Output((top,), np.int64, 0), "recalling the training documents' clusters"))
 
-    def _map_training_documents(self, function: Callable, output: Output) -> np.ndarray:
-        return self._map_documents(self.model, self.tokens, function, output)
-
-    def _map_documents(self, model: XMCModel, tokens: TokenizedTexts, function: Callable, output: Output) -> np.ndarray:
+    def _map_documents(self, model: XMCModel, tokens: TokenizedTexts, function: Callable, output: Output,
+                       description: str) -> np.ndarray:
         """function(ids, mask) -> (B, *shape) over `tokens` in eval mode -> (N, *shape), the training mode of the
-        model being trained restored (inference.map_documents)."""
+        model being trained restored (inference.map_documents). description: its progress line's text (a pass
+        over 20,000 documents takes minutes on a CPU, between the epochs' own lines)."""
         (values,) = map_documents(model, tokens, lambda ids, mask: (function(ids, mask),), (output,), self.config,
-                                  self.device, self.dist)
+                                  self.device, self.dist, description)
         self._train_mode()
         return values
 
