@@ -401,6 +401,40 @@ def test_settings_an_older_whole_method_run_never_read_make_no_variant(results):
     assert len(rows()) == 3
 
 
+def test_pooled_settings_keep_a_method_one_row_with_its_seeds_paired(results, tmp_path):
+    """Runs of one method planned on two machines derived two lengths: --pool max_length makes them one row, whose
+    seeds pair with the baseline's, and Setup says which seed had which value."""
+    def set_on(seed, **settings):
+        path = results / "lightxml" / f"seed{seed}" / "config.json"
+        config = json.loads(path.read_text())
+        for key, value in settings.items():
+            if key.startswith("options."):
+                config["config"].setdefault("options", {})[key[len("options."):]] = value
+            else:
+                config["config"][key] = value
+        path.write_text(json.dumps(config))
+
+    set_on(0, max_length=320)
+    assert len(report.summarize(report.load_runs([results], log=lambda line: None))) == 3   # a variant without --pool
+    output = tmp_path / "out"
+    result = CliRunner().invoke(app, ["report", str(results), "--baseline", "lightxml-static", "--pool", "max_length",
+                                      "--format", "json", "--output", str(output)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((output / "table.json").read_text())["rows"]
+    assert [(row["method"], row["n_seeds"]) for row in rows] == [("lightxml", 3), ("lightxml-static", 3)]
+    assert rows[0]["vs_baseline"]["P@1"]["n_pairs"] == 3
+    text = (output / "report.md").read_text()
+    assert "--pool max_length" in text and "lightxml: `max_length` 320 (seed 0)" in text
+    # an option pools the same way; a setting that does not differ is not listed
+    set_on(1, **{"options.head_init": "pifa"})
+    runs = report.load_runs([results], log=lambda line: None, pool=["max_length", "options.head_init"])
+    assert [row["n_seeds"] for row in report.summarize(runs)] == [3, 3]
+    with pytest.raises(XmcError, match=r"--pool max_len: not a setting runs record; .*max_length"):
+        report.load_runs([results], log=lambda line: None, pool=["max_len"])
+    with pytest.raises(XmcError, match="--pool seed"):   # the seed is what a row is made of
+        report.load_runs([results], log=lambda line: None, pool=["seed"])
+
+
 # -- p-values only from at least 3 paired seeds -----------------------------------------------------
 
 def test_two_paired_seeds_give_the_difference_without_a_p_value(runs, tmp_path):

@@ -408,18 +408,23 @@ def report_command(paths: List[Path] = typer.Argument(..., help="run directories
                                                                "t-test over seeds)"),
                    fmt: str = typer.Option("github", "--format", "-f", help="table format: github, latex or json"),
                    output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                                         help="folder to write [default: reports/report-TIMESTAMP]")):
+                                                         help="folder to write [default: reports/report-TIMESTAMP]"),
+                   pool: List[str] = typer.Option([], "--pool",
+                                                  help="a setting (e.g. max_length, options.NAME) in which runs of one "
+                                                       "method may differ and stay one row, seeds paired across it "
+                                                       "(repeatable)")):
     """Compare saved runs: a table of mean ± std over seeds, figures and report.md; reads only run directories."""
     import datetime
     import shlex
 
     from xmcbench import report
 
-    runs = report.load_runs(paths, log=lambda line: typer.echo(line, err=True))
+    runs = report.load_runs(paths, log=lambda line: typer.echo(line, err=True), pool=pool)
     if output is None:
         output = Path("reports") / f"report-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
     command = shlex.join(["xmcbench", "report", *map(str, paths), *(["--baseline", baseline] if baseline else []),
-                          "--format", fmt, "--output", str(output)])
+                          *[part for name in pool for part in ("--pool", name)], "--format", fmt, "--output",
+                          str(output)])
     path = report.write_report(runs, output, baseline, fmt, command=command)
     typer.echo(report.render_table(report.summarize(runs, baseline), fmt))
     typer.echo(f"{len(runs)} runs; report: {path}")

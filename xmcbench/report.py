@@ -28,7 +28,7 @@ import logging
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -110,6 +110,7 @@ class RunResult:
     propensity: dict | None = None       # metrics.json "propensity" (scoring.Propensities.record), if recorded
     filtered_pairs: dict | None = None   # metrics.json "filtered_pairs" (scoring.without_filtered_pairs), if any
     zero_shot: dict | None = None        # metrics.json "zero_shot" (xmcbench.metrics.evaluate), if recorded
+    pooled: tuple[str, ...] = ()         # settings that make no variant of this run (load_runs' pool)
 
     @functools.cached_property
     def top1(self) -> dict | None:
@@ -317,11 +318,16 @@ def _recorded_model_bytes(timings: Any) -> int:
     return int(recorded) if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0 else 0
 
 
-def load_runs(paths: list[Path], log: Callable[[str], None] | None = None) -> list[RunResult]:
+def load_runs(paths: list[Path], log: Callable[[str], None] | None = None,
+              pool: Sequence[str] = ()) -> list[RunResult]:
     """The finished runs named by `paths`: run directories, or folders searched recursively for them.
 
     Unfinished runs (config.json without metrics.json) are skipped and counted in one message to `log`
-    (default: this module's logger). A path that is neither a run nor holds any finished run is an XmcError."""
+    (default: this module's logger). A path that is neither a run nor holds any finished run is an XmcError.
+    pool: settings (`max_length`, `options.NAME`) in which runs of one method may differ and still be one row,
+    their seeds paired across them (e.g. runs planned on two machines, which derived two lengths); the report's
+    Setup lists their values."""
+    check_pooled_settings(pool)
     log = log or logger.warning
     found: list[Path] = []
     skipped: list[Path] = []
@@ -343,7 +349,16 @@ def load_runs(paths: list[Path], log: Callable[[str], None] | None = None) -> li
         shown = ", ".join(str(p) for p in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
         log(f"skipped {len(skipped)} unfinished run(s) without metrics.json: {shown}")
     by_resolved = {p.resolve(): p for p in found}
-    return [read_run(by_resolved[p]) for p in unique]
+    return [replace(read_run(by_resolved[p]), pooled=tuple(pool)) for p in unique]
+
+
+def check_pooled_settings(names: Sequence[str]) -> None:
+    """Each name a setting a run records: a TrainConfig field other than the seed (always pooled) or options.NAME."""
+    settings = [name for name in TrainConfig.__dataclass_fields__ if name not in ("seed", "options")]
+    for name in names:
+        if name not in settings and not (name.startswith("options.") and len(name) > len("options.")):
+            raise XmcError(f"--pool {name}: not a setting runs record; name one ({closest_names_hint(name, settings)}) "
+                           "or options.NAME")
 
 
 # -- grouping ---------------------------------------------------------------------------------------
@@ -366,6 +381,12 @@ def _settings_key(run: RunResult) -> str:
     defaults = _default_settings()
     settings = {**defaults, **run.settings}
     settings.update({key: defaults[key] for key in _unread_derived_settings(run) if key in defaults})
+    for name in run.pooled:
+        if name.startswith("options."):
+            settings["options"] = {k: v for k, v in (settings.get("options") or {}).items()
+                                   if k != name[len("options."):]}
+        else:
+            settings.pop(name, None)
     return json.dumps({k: v for k, v in settings.items() if k != "seed"}, sort_keys=True, default=str)
 
 
@@ -1133,6 +1154,23 @@ def _components(run: RunResult) -> str:
     return ", ".join(f"{kind} {recorded.get(kind)}" for kind in ("encoder", "recaller", "ranker", "sampler"))
 
 
+def _pooled_lines(groups: list[_Group], several_datasets: bool) -> list[str]:
+    """Per row and pooled setting whose value varies within the row: each value and its seeds."""
+    lines = []
+    for group in groups:
+        for name in group.runs[0].pooled:
+            seeds: dict[str, list[int]] = {}
+            for run in group.runs:
+                value = _flat_settings(run.settings).get(name, _flat_settings(_default_settings()).get(name))
+                seeds.setdefault(json.dumps(value, default=str), []).append(run.seed)
+            if len(seeds) > 1:
+                values = ", ".join(f"{json.loads(value)} (seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))})"
+                                   for value, s in seeds.items())
+                lines.append(f"  - {markdown_text(group.label)}{f' on {markdown_text(group.dataset)}' if several_datasets else ''}"
+                             f": {markdown_code(name)} {markdown_text(values)}")
+    return lines
+
+
 def _non_default(run: RunResult) -> list[str]:
     defaults = _flat_settings(_default_settings())
     mine = _flat_settings(run.settings)
@@ -1219,6 +1257,10 @@ def write_report(runs: list[RunResult], output: Path, baseline: str | None = Non
     if any(_components(r) for g in groups for r in g.runs):
         lines.append("- Components that ran (a flat run, one logit per label, has no ranker and no sampler): "
                      + _describe(groups, _components))
+    pooled = _pooled_lines(groups, len(datasets) > 1)
+    if pooled:
+        lines += ["- Pooled (`--pool`: runs of a row differ in these settings; its seeds are paired across them):",
+                  *pooled]
     lines += ["- Settings that differ from the `TrainConfig` defaults:"]
     for group in groups:
         changed = _distinct(_non_default(r) for r in group.runs)
