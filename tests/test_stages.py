@@ -106,6 +106,19 @@ def test_dynamic_candidates_follow_the_recaller(registry, tiny_model_dir, tiny_d
     assert any(epochs[e] != epochs[0] for e in epochs), "dynamic candidates never changed"
 
 
+def test_a_trainer_says_where_it_stands_even_after_its_last_epoch(registry, tiny_model_dir, tiny_dataset):
+    # a run that stopped after training (while writing its log) resumes from a checkpoint past every stage: its
+    # log said "epoch 1" there, which reads as starting over
+    plan, dataset, model, tokens = tiny_setup(registry, tiny_model_dir, "lightxml", tiny_dataset, epochs=2)
+    trainer = Trainer(model, tokens, dataset.train_labels, plan.config, torch.device("cpu"))
+    assert trainer.position() == "epoch 1 of 2"
+    trainer.fit()
+    assert trainer.position() == "after its last epoch"
+    stages = registry.method("lightxml-static").stages
+    assert Trainer(model, tokens, dataset.train_labels, plan.config, torch.device("cpu"),
+                   stages=stages).position() == f"stage {stages[0].name}, epoch 1 of {stages[0].epochs(plan.config)}"
+
+
 def test_bs_ranker_gets_its_own_encoder_started_from_the_shared_one(registry, tiny_model_dir, tiny_dataset):
     plan, dataset, model, tokens = tiny_setup(registry, tiny_model_dir, "lightxml-static-bs", tiny_dataset)
     assert model.ranker_encoder is not None

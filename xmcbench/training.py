@@ -119,6 +119,14 @@ class Trainer:
     def is_last_stage(self) -> bool:
         return self.stage_index == len(self.stages) - 1
 
+    def position(self) -> str:
+        """Where training stands, for a person: "epoch 2 of 3", with the stage where there are several, or "after
+        its last epoch" once every stage has ended (a checkpoint saved then resumes straight to prediction)."""
+        if self.stage_index >= len(self.stages):
+            return "after its last epoch"
+        stage = f"stage {self.stage.name}, " if len(self.stages) > 1 else ""
+        return f"{stage}epoch {self.epoch + 1} of {self.stage.epochs(self.config)}"
+
     def emit(self, event: str, *args) -> None:
         """Call `event` (one of xmcbench.callbacks.EVENTS) on every callback, in order."""
         assert event in EVENTS, event

@@ -180,7 +180,7 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
         state = load_checkpoint(output / "checkpoints")
         if state is not None:
             trainer.load_state_dict(state)
-            log(f"resuming {output} at step {trainer.step} (epoch {trainer.epoch + 1})")
+            log(f"resuming {output} at step {trainer.step} ({trainer.position()})")
     try:
         model, _ = trainer.fit()
     except TrainingInterrupted as stop:
