@@ -1157,11 +1157,12 @@ def _components(run: RunResult) -> str:
 def _pooled_lines(groups: list[_Group], several_datasets: bool) -> list[str]:
     """Per row and pooled setting whose value varies within the row: each value and its seeds."""
     lines = []
+    defaults = _flat_settings(_default_settings())
     for group in groups:
         for name in group.runs[0].pooled:
             seeds: dict[str, list[int]] = {}
             for run in group.runs:
-                value = _flat_settings(run.settings).get(name, _flat_settings(_default_settings()).get(name))
+                value = _flat_settings(run.settings).get(name, defaults.get(name))
                 seeds.setdefault(json.dumps(value, default=str), []).append(run.seed)
             if len(seeds) > 1:
                 values = ", ".join(f"{json.loads(value)} (seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))})"
