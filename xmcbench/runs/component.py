@@ -14,7 +14,7 @@ from xmcbench.checkpoint import load_checkpoint
 from xmcbench.config import TrainConfig, training_stages
 from xmcbench.data import Dataset
 from xmcbench.device import pick_device, seed_everything, set_threads
-from xmcbench.distributed import Distributed, broadcast_text
+from xmcbench.distributed import Distributed, broadcast_text, shutdown
 from xmcbench.errors import TrainingInterrupted, XmcError, joined_line
 from xmcbench.formats import open_dataset
 from xmcbench.indexing import label_clusters, resolve_num_clusters
@@ -199,6 +199,7 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
     if len(validation_rows):   # kept for ensembles, which choose member weights on these rows, never on test
         validation_predictions = predict(model, validation_tokens, config, device,
                                          description="predicting validation", dist=dist)
+    shutdown(dist, together=True)   # the last collective is behind every process: rank 0 writes alone from here
     if not dist.is_main:
         return output
     metrics = score(predictions, dataset.test_labels, model, weights, config.eval_ks, filtered=dataset.test_filter,
