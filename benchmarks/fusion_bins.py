@@ -14,19 +14,19 @@ import argparse
 import json
 from pathlib import Path
 
-from xmcbench import ensemble
+from xmcbench import ensemble, fusion
 
 SHOWN = ("P@1", "P@3", "P@5", "PSP@1", "PSP@3", "PSP@5")
 
 
 def build(runs: list[Path], output: Path, per_bin: bool) -> dict:
-    reachable = ensemble.MIN_BIN_POSITIVES
+    reachable = fusion.MIN_BIN_POSITIVES
     if not per_bin:
-        ensemble.MIN_BIN_POSITIVES = float("inf")
+        fusion.MIN_BIN_POSITIVES = float("inf")
     try:
         directory = ensemble.build_ensemble(runs, output, fusion="weighted", overwrite=True, log=print)
     finally:
-        ensemble.MIN_BIN_POSITIVES = reachable
+        fusion.MIN_BIN_POSITIVES = reachable
     return json.loads((directory / "metrics.json").read_text())
 
 

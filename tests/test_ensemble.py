@@ -119,7 +119,7 @@ def test_weights_per_bin_take_each_member_where_it_is_right():
     normalised = [fusion_rules.normalise(s, fusion_rules.score_quantiles(l, s, 5)) for l, s in zip(labels, scores)]
     weights, chosen, _ = fusion_rules.choose_weights(labels, normalised, truth, inv_propensity, top_k=5)
     table, per_bin, evaluations = fusion_rules.choose_bin_weights(labels, normalised, truth, inv_propensity, 5, None,
-                                                              label_bins, weights, searched=[0, 2])
+                                                              label_bins, weights, searched=[[0], [2]])
     assert chosen["P@1"] == 0.0 and per_bin["P@1"] == 100.0 and per_bin["objective"] > chosen["objective"] + 10
     # the first change that makes every first label right is kept (a later one must score better still)
     assert table[0, 0] > table[1, 0] or table[1, 2] > table[0, 2], "a member leads the bin where it is right"
@@ -144,6 +144,27 @@ def test_weights_per_bin_take_each_member_where_it_is_right():
                     {key: value for key, value in spec.items() if key != "label_bins"}):
         with pytest.raises(XmcError, match="damaged"):
             fusion_rules.Fusion.from_json(damaged, 2, Path("ensemble.json"))
+
+
+def test_a_bin_short_of_validation_positives_shares_its_neighbours_weights():
+    minimum = fusion_rules.MIN_BIN_POSITIVES
+    # debian-debtags: 18 validation positives of labels with at most 3 training documents, 427 of 4-30, 8,489 more
+    assert fusion_rules.weight_bin_groups([18, 427, 8489]) == [[0, 1], [2]]
+    assert fusion_rules.weight_bin_groups([minimum, minimum, minimum]) == [[0], [1], [2]]
+    assert fusion_rules.weight_bin_groups([minimum, 10, 10]) == [[0, 1, 2]], "a short head joins toward the tail"
+    assert fusion_rules.weight_bin_groups([10, 10, 10]) == []
+    assert [fusion_rules.weight_group_name(group) for group in ([0], [1], [2], [0, 1], [1, 2], [0, 1, 2])] == \
+        ["0-3", "4-30", ">30", "0-30", ">3", "all"]
+
+    # the tail member is right on labels 0-19: labels 0-1 (bin 0) take the weights the group with bin 1 earns
+    truth, labels, scores, label_bins = members_right_in_different_bins()
+    label_bins = np.where(np.arange(40) < 2, 0, np.where(np.arange(40) < 20, 1, 2))
+    inv_propensity = np.ones(truth.shape[1])
+    normalised = [fusion_rules.normalise(s, fusion_rules.score_quantiles(l, s, 5)) for l, s in zip(labels, scores)]
+    weights, _, _ = fusion_rules.choose_weights(labels, normalised, truth, inv_propensity, top_k=5)
+    table, _, _ = fusion_rules.choose_bin_weights(labels, normalised, truth, inv_propensity, 5, None, label_bins,
+                                                  weights, searched=[[0, 1], [2]])
+    assert np.allclose(table[:, 0], table[:, 1]) and table[0, 0] > table[1, 0]
 
 
 def test_weights_per_bin_keep_a_zero_shot_label_its_score():

@@ -56,7 +56,8 @@ from xmcbench.config import TrainConfig
 from xmcbench.errors import DamagedModel, XmcError
 from xmcbench.formats import open_dataset
 from xmcbench.fusion import FUSION_OBJECTIVE, FUSION_RULES, MIN_BIN_POSITIVES, WEIGHT_BIN_NAMES, WEIGHT_BINS, Fusion, \
-    choose_bin_weights, choose_weights, describe_weights, fuse, normalise, objective, score_quantiles
+    choose_bin_weights, choose_weights, describe_weights, fuse, normalise, objective, score_quantiles, \
+    weight_bin_groups, weight_group_name
 from xmcbench.inference import Predictions
 from xmcbench.labels import load_label_info
 from xmcbench.metrics import evaluate
@@ -329,13 +330,14 @@ def fit_fusion(members: list[Member], dataset, top_k: int) -> Fusion:
     label_bins = np.searchsorted(np.asarray(WEIGHT_BINS), counts, side="left")      # (L,) 0: at most 3 documents
     known = truth.indices[truth.indices < len(names)]
     positives = np.bincount(label_bins[known], minlength=len(WEIGHT_BIN_NAMES))
-    searched = [b for b, found in enumerate(positives) if found >= MIN_BIN_POSITIVES]
-    bins = [{"training_documents": name, "validation_positives": int(found)}
-            for name, found in zip(WEIGHT_BIN_NAMES, positives)]
+    searched = weight_bin_groups(positives)
+    bins = [{"training_documents": name, "validation_positives": int(found),
+             "weights_shared_by": next((weight_group_name(group) for group in searched if b in group), None)}
+            for b, (name, found) in enumerate(zip(WEIGHT_BIN_NAMES, positives))]
     if len(searched) < 2:
         record["bins"] = bins
-        record["bin_weights_chosen"] = (f"no: fewer than two weight bins hold {MIN_BIN_POSITIVES} validation "
-                                        "positives")
+        record["bin_weights_chosen"] = (f"no: the weight bins do not make two groups of {MIN_BIN_POSITIVES} "
+                                        "validation positives")
         return Fusion("weighted", weights, quantiles, record)
     table, per_bin, evaluations = choose_bin_weights(top_lists, normalised, truth, inv_propensity, top_k, sizes,
                                                      label_bins, weights, searched, len(WEIGHT_BIN_NAMES))

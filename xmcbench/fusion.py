@@ -22,10 +22,11 @@ scores (ties: lower id first).
   member on the frequent labels (P@1) and on the tail (PSP@5) at once. Ties go to the weights closest to
   equal. A member given weight 0 is left out.
   Weights per bin: then the labels are put in weight bins by their training documents (WEIGHT_BINS: at most 3,
-  4 to 30, more; the counts the members' models saved in model/label_info.json), and each bin holding at least
-  MIN_BIN_POSITIVES validation positives gets weights of its own, by coordinate ascent from the weights above
-  (choose_bin_weights): one member may lead the head and another the tail. They are kept only when they score
-  better on the validation rows than one weight per member; the record says which, and why.
+  4 to 30, more; the counts the members' models saved in model/label_info.json). Adjacent bins are grouped until
+  each group holds at least MIN_BIN_POSITIVES validation positives (weight_bin_groups: a bin short of them shares
+  the weights of its neighbour toward the head), and each group gets weights of its own, by coordinate ascent
+  from the weights above (choose_bin_weights): one member may lead the head and another the tail. They are kept
+  only when they score better on the validation rows than one weight per member; the record says which, and why.
   The validation rows: every member must have `validation_predictions.safetensors` (written by
   `xmcbench run` when validation_size > 0; see xmcbench.rundir.save_validation_predictions) over the same
   training rows, i.e. trained with the same seed, validation_size and max_train_docs. Their truth is the
@@ -51,7 +52,8 @@ FUSION_OBJECTIVE = "(P@1 + PSP@5) / 2"
 QUANTILES = 201          # validation-score quantiles kept per member: every half percent
 MAX_GRID_POINTS = 2000   # weight combinations tried at most
 # The weight bins: labels by their training documents, at most 3 (the tail, 0 included), 4 to 30, more (the head).
-# Each bin gets weights of its own where the validation rows hold MIN_BIN_POSITIVES of its labels' positives.
+# A group of adjacent bins gets weights of its own where the validation rows hold MIN_BIN_POSITIVES of its labels'
+# positives.
 WEIGHT_BINS = (3, 30)
 WEIGHT_BIN_NAMES = ("0-3", "4-30", ">30")
 MIN_BIN_POSITIVES = 50
@@ -270,16 +272,44 @@ def objective(metrics: dict) -> float:
     return (metrics["P@1"] + metrics["PSP@5"]) / 2
 
 
+def weight_bin_groups(positives: Sequence[int]) -> list[list[int]]:
+    """The weight bins' validation positives (B,) -> groups of adjacent bins that share weights, tail first, each
+    holding at least MIN_BIN_POSITIVES of them; [] when all bins together hold fewer.
+
+    A bin short of positives joins its neighbour toward the head (the last bin, its neighbour toward the tail).
+    The validation rows of a dataset of frequent labels hold few positives of its rarest labels (debian-debtags:
+    18 of 8,934); left on their own those labels took the head's weights, where the member that scores them best
+    has little say, and contributed nothing."""
+    groups, current, found = [], [], 0
+    for column, count in enumerate(positives):
+        current.append(column)
+        found += int(count)
+        if found >= MIN_BIN_POSITIVES:
+            groups.append(current)
+            current, found = [], 0
+    if current and groups:
+        groups[-1].extend(current)
+    return groups
+
+
+def weight_group_name(group: Sequence[int]) -> str:
+    """A group of adjacent weight bins by its training documents, e.g. [0, 1] -> "0-30", [2] -> ">30"."""
+    lowest = 0 if group[0] == 0 else WEIGHT_BINS[group[0] - 1] + 1
+    if group[-1] >= len(WEIGHT_BINS):
+        return f">{lowest - 1}" if lowest else "all"
+    return f"{lowest}-{WEIGHT_BINS[group[-1]]}"
+
+
 def choose_bin_weights(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray], truth,
                        inv_propensity: np.ndarray, top_k: int, sizes: Sequence[int] | None, label_bins: np.ndarray,
-                       start: Sequence[float], searched: Sequence[int],
+                       start: Sequence[float], searched: Sequence[Sequence[int]],
                        num_bins: int | None = None) -> tuple[np.ndarray, dict, int]:
-    """Weights per bin: from `start` (the weights of choose_weights) in every bin, each bin of `searched` in
-    turn takes the point of weight_grid() that scores best on FUSION_OBJECTIVE over the validation rows, the
-    other bins held, for BIN_SEARCH_PASSES passes (coordinate ascent; a change must beat the current
-    objective). Shapes as in choose_weights; label_bins: (L,) each label's bin; num_bins: B (default: the
-    highest bin in label_bins, plus one). Returns ((M, B) weights, their validation P@1 / PSP@5 / objective,
-    fusions evaluated)."""
+    """Weights per bin: from `start` (the weights of choose_weights) in every bin, each group of bins of
+    `searched` (weight_bin_groups) in turn takes the point of weight_grid() that scores best on FUSION_OBJECTIVE
+    over the validation rows, the other bins held, for BIN_SEARCH_PASSES passes (coordinate ascent; a change must
+    beat the current objective). The bins of a group share their weights. Shapes as in choose_weights;
+    label_bins: (L,) each label's bin; num_bins: B (default: the highest bin in label_bins, plus one). Returns
+    ((M, B) weights, their validation P@1 / PSP@5 / objective, fusions evaluated)."""
     num_bins = num_bins or (int(label_bins.max()) + 1 if len(label_bins) else 1)
 
     def scored(table):
@@ -293,12 +323,12 @@ def choose_bin_weights(labels: Sequence[np.ndarray], normalised: Sequence[np.nda
     evaluations, grid = 1, weight_grid(len(labels))
     for _ in range(BIN_SEARCH_PASSES):
         changed = False
-        for column in searched:
+        for group in searched:
             for point in grid:
-                if np.allclose(table[:, column], point):
+                if np.allclose(table[:, group[0]], point):
                     continue
                 trial = table.copy()
-                trial[:, column] = point
+                trial[:, list(group)] = np.asarray(point)[:, None]
                 value, metrics = scored(trial)
                 evaluations += 1
                 if value > best + 1e-9:
