@@ -3,8 +3,8 @@
 A flat run (one logit per label, e.g. `lightxml` below 30,000 labels) scores label l of a document by its logit
 z_l; the adjustment ranks by z_l - tau * log p_l instead, p_l = (training documents of l + 1) / (N + 2), the
 counts the model saved in model/label_info.json, so rare labels move up by tau times their rarity. The model
-predicts the test set once; every tau re-ranks the same logits. tau = 0 is the run's own ranking (its P@k must
-equal metrics.json's). Nothing is trained, and the run is not changed.
+predicts the test set once; every tau re-ranks the same logits. tau = 0 is the run's own ranking (its P@k and
+PSP@k must equal metrics.json's). Nothing is trained, and the run is not changed.
 
     python benchmarks/logit_adjustment.py RUN_DIR [--tau 0 0.25 0.5 1] [--threads 2]
 """
@@ -48,8 +48,9 @@ def main() -> None:
     info = load_label_info(args.run_dir / "model", names, "re-run training")
     documents = recorded["resolved"]["train_docs"]
     log_prior = np.log((info.counts + 1.0) / (documents + 2.0))                        # (L,)
-    inverse = propensities(dataset, config, names).inverse[:len(names)]
-    truth = remap_labels(dataset.test_labels, dataset.label_names, names).tocsr()[:, :len(names)]
+    # every test label, those unseen in training in extra columns, so PSP@k is normalised as metrics.json's
+    weights = propensities(dataset, config, names)
+    truth = remap_labels(dataset.test_labels, dataset.label_names, names).tocsr()
     tokens = tokenize(dataset.test_texts, model.encoder.tokenizer, config.max_length, None, description=None)
 
     model.eval()
@@ -62,12 +63,16 @@ def main() -> None:
             for tau in args.tau:
                 top[tau].append(np.argsort(-(logits - tau * log_prior), axis=1, kind="stable")[:, :10])
     print(f"{args.run_dir}: {len(rows)} test documents, {len(names)} labels, {documents} training documents")
-    print("| tau | " + " | ".join(SHOWN) + " | (P@1 + PSP@5) / 2 |")
-    print("|---" * (len(SHOWN) + 2) + "|")
+    print("| tau | " + " | ".join(SHOWN) + " | (P@1 + PSP@5) / 2 | PSP@5 from labels of ≤ 3 / 4-10 / 11-30 training docs |")
+    print("|---" * (len(SHOWN) + 3) + "|")
     for tau, parts in top.items():
-        metrics = evaluate(np.concatenate(parts), truth, ks=(1, 3, 5), inv_propensity=inverse)
+        metrics = evaluate(np.concatenate(parts), truth, ks=(1, 3, 5), inv_propensity=weights.inverse,
+                           label_counts=weights.label_counts)
+        bins = {entry["bin"]: entry["PSP@5_contribution"] for entry in metrics["frequency_bins"]["bins"]}
+        tail = sum(bins.get(name, 0.0) for name in ("0", "1", "2-3"))
         print(f"| {tau:g} | " + " | ".join(f"{metrics[key]:.2f}" for key in SHOWN)
-              + f" | {(metrics['P@1'] + metrics['PSP@5']) / 2:.2f} |")
+              + f" | {(metrics['P@1'] + metrics['PSP@5']) / 2:.2f} | {tail:.2f} / {bins.get('4-10', 0.0):.2f} / "
+              f"{bins.get('11-30', 0.0):.2f} |")
 
 
 if __name__ == "__main__":
