@@ -166,6 +166,16 @@ def test_a_bin_short_of_validation_positives_shares_its_neighbours_weights():
                                                   weights, searched=[[0, 1], [2]])
     assert np.allclose(table[:, 0], table[:, 1]) and table[0, 0] > table[1, 0]
 
+    # the log and the report name a group once
+    bins = [{"training_documents": name, "weights_shared_by": group}
+            for name, group in zip(fusion_rules.WEIGHT_BIN_NAMES, ("0-30", "0-30", ">30"))]
+    rule = fusion_rules.Fusion("weighted", weights, [np.zeros(1)] * 2, {"member_methods": ["tail", "head"], "bins": bins},
+                               bin_weights=table.T.tolist(), label_bins=label_bins)
+    described = fusion_rules.describe_weights(rule)
+    assert described.startswith("0-30 training documents: tail ") and described.count("training documents") == 2
+    older = [{"training_documents": name} for name in fusion_rules.WEIGHT_BIN_NAMES]   # recorded before groups
+    assert [name for name, _ in fusion_rules.shared_bin_weights(older, table.T.tolist())] == ["0-3", "4-30", ">30"]
+
 
 def test_weights_per_bin_keep_a_zero_shot_label_its_score():
     # member 1 knows 4 labels, member 2 also a fifth (a zero-shot label, in bin 0); bin 0 weighs member 1 at 0.9

@@ -362,7 +362,8 @@ def choose_weights(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray
 
 
 def describe_weights(fusion: Fusion) -> str:
-    """e.g. "lightxml 0.6, plt 0.4", or per weight bin "0-3: lightxml 0.2, plt 0.8; 4-30: ..."."""
+    """e.g. "lightxml 0.6, plt 0.4", or per weight bin "0-3 training documents: lightxml 0.2, plt 0.8; 4-30 ...",
+    bins that share their weights named once as their group ("0-30 training documents: ...")."""
     methods = fusion.record.get("member_methods") or [f"member {m + 1}" for m in range(len(fusion.weights))]
 
     def listed(weights):
@@ -371,4 +372,18 @@ def describe_weights(fusion: Fusion) -> str:
     if fusion.bin_weights is None:
         return listed(fusion.weights)
     return "; ".join(f"{name} training documents: {listed(weights)}"
-                     for name, weights in zip(WEIGHT_BIN_NAMES, fusion.bin_weights))
+                     for name, weights in shared_bin_weights(fusion.record.get("bins"), fusion.bin_weights))
+
+
+def shared_bin_weights(bins: list | None, bin_weights: list) -> list[tuple[str, list]]:
+    """A fusion's weights per bin as (name, weights), one entry per group of bins that share them: consecutive
+    bins whose record (ensemble.json's "bins") names one "weights_shared_by" group are listed once, under that
+    name; bins recorded without a group (ensembles built before groups existed) under their own name."""
+    names = []
+    for column, weights in enumerate(bin_weights):
+        found = bins[column] if isinstance(bins, list) and column < len(bins) and isinstance(bins[column], dict) \
+            else {}
+        names.append(found.get("weights_shared_by") or found.get("training_documents")
+                     or (WEIGHT_BIN_NAMES[column] if column < len(WEIGHT_BIN_NAMES) else "?"))
+    return [(name, bin_weights[column]) for column, name in enumerate(names)
+            if column == 0 or name != names[column - 1]]

@@ -37,6 +37,7 @@ import numpy as np
 from xmcbench.config import TrainConfig
 from xmcbench.defaults import WHOLE_METHOD_DERIVED
 from xmcbench.errors import XmcError, closest_names_hint
+from xmcbench.fusion import shared_bin_weights
 from xmcbench.metrics import BUILTIN_FAMILIES, MetricFamily, metric_order, parse_at_k
 from xmcbench.rundir import model_bytes
 from xmcbench.storage import atomic_write
@@ -1114,8 +1115,7 @@ def _fusion_lines(groups: list[_Group], several_datasets: bool) -> list[str]:
             bins, bin_weights = fusion.get("bins"), fusion.get("bin_weights")
             if isinstance(bin_weights, list) and isinstance(bins, list) and len(bins) == len(bin_weights):
                 weights = "per bin of training documents, " + "; ".join(
-                    f"{markdown_text((found or {}).get('training_documents', '?'))}: {listed(row)}"
-                    for found, row in zip(bins, bin_weights))
+                    f"{markdown_text(name)}: {listed(row)}" for name, row in shared_bin_weights(bins, bin_weights))
             chosen = (fusion.get("validation") or {}).get("objective")
             alone = [a.get("objective") for a in fusion.get("validation_members_alone") or []]
             if _is_number(chosen) and alone and all(_is_number(a) for a in alone):
