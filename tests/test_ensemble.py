@@ -549,7 +549,7 @@ def test_report_of_tiny_runs_shows_head_and_tail_and_the_fusion(hybrid, tmp_path
     assert "](frequency_bins.png)" in text
     assert "## Ensembles" in text and "- ensemble(lightxml+lightxml-random-neg): raw scores summed" in text
     weights = json.loads((weighted / "ensemble.json").read_text())["fusion"]["weights"]
-    assert (f"- weighted-ensemble(lightxml+lightxml-random-neg): each member's scores normalised" in text
+    assert ("- weighted-ensemble(lightxml+lightxml-random-neg): each member's scores normalised" in text
             and f"seed 3: lightxml {weights[0]:g}, lightxml-random-neg {weights[1]:g}" in text)
     tables = report.summarize_frequency_bins(runs)
     assert len(tables) == 1 and len(tables[0]["rows"]) == 4
