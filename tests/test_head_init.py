@@ -144,3 +144,33 @@ def test_a_flat_run_starts_from_pifa_rows_by_default_though_its_test_set_has_a_l
     assert started == [(48, len(names))] and "db:nosql" not in names
     weights = load_file(tmp_path / "run" / "model" / "weights.safetensors")
     assert bool(weights["recaller.initialised"])
+
+
+def test_logit_adjustment_offsets_the_loss_by_the_prior_and_starts_where_pifa_does():
+    """options.logit_adjustment=tau (Menon et al.): the loss reads logit + tau x log-odds, prediction the logit; the
+    bias keeps (1 - tau) of the log-odds, so the adjusted start equals the PIFA start."""
+    generator = torch.Generator().manual_seed(3)
+    documents = CountingDocuments(torch.randn(8, 16, generator=generator))
+    labels = sp.csr_matrix(np.array([[1, 0], [1, 0], [1, 0], [1, 0], [1, 0], [0, 1], [1, 0], [0, 0]],
+                                    dtype=np.float32))
+    adjusted_config = dataclasses.replace(PIFA, options={"head_init": "pifa", "logit_adjustment": "0.5"})
+    adjusted = build_cluster_linear(adjusted_config, 16, 2)
+    adjusted.start_epoch(context(CountingDocuments(documents.documents), labels))
+    plain = pifa_rows(documents, labels)   # the PIFA start's rows
+    assert torch.equal(adjusted.linear.weight, plain), "the rows are PIFA's"
+    prior = np.array([(6 + 1.0) / 10, (1 + 1.0) / 10])
+    log_odds = torch.tensor(np.log(prior / (1 - prior)), dtype=torch.float32)
+    assert adjusted.loss_offsets == pytest.approx(0.5 * log_odds)
+    reference = build_cluster_linear(PIFA, 16, 2)
+    reference.start_epoch(context(CountingDocuments(documents.documents), labels))
+    with torch.no_grad():
+        start, pifa_start = adjusted(documents.documents), reference(documents.documents)   # (8, 2)
+    assert start + adjusted.loss_offsets == pytest.approx(pifa_start, abs=1e-5), "the adjusted start is PIFA's"
+    assert start[:, 1] - start[:, 0] == pytest.approx(pifa_start[:, 1] - pifa_start[:, 0] - 0.5 * (log_odds[1] - log_odds[0]),
+                                                      abs=1e-5), "prediction ranks the rare label higher by tau x the gap"
+    targets = torch.tensor(labels.toarray())
+    assert adjusted.loss(start, targets).item() == pytest.approx(reference.loss(pifa_start, targets).item(), rel=1e-5)
+    resumed = build_cluster_linear(adjusted_config, 16, 2)
+    resumed.load_state_dict(adjusted.state_dict())
+    assert torch.equal(resumed.loss_offsets, adjusted.loss_offsets), "a checkpoint keeps the offsets"
+    assert "loss_offsets" not in reference.state_dict(), "a run without the option keeps its tensors"

@@ -49,6 +49,7 @@ def test_positives_weigh_their_inverse_propensity():
 @pytest.mark.parametrize("option, refusal", [
     ("options.positive_weight=propensity", "positive_weight=propensity weighs each label's positives"),
     ("options.head_init=pifa", "head_init=pifa starts each label's row at its documents"),
+    ("options.logit_adjustment=0.5", "logit_adjustment offsets each label's logit by its prior"),
 ])
 def test_a_run_with_label_clusters_is_refused_before_its_folder(tiny_model_dir, tmp_path, option, refusal):
     """The flat recaller's per-label options (this file's positive weights, test_head_init's PIFA rows)."""

@@ -13,4 +13,10 @@ HEAD_INIT = Option("head_init", str, "random", "how each label's row of a flat r
                    "label seen once starts at its one document (needs a flat run: one label per cluster); auto "
                    "(lightxml's default): pifa where the run is flat (one row per label), random otherwise",
                    choices=("random", "pifa", "auto"))
-RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT)
+LOGIT_ADJUSTMENT = Option("logit_adjustment", float, 0.0, "tau of the logit-adjusted recall loss (Menon et al., ICLR "
+                          "2021): training reads each label's logit plus tau x the log-odds of its prior, prediction "
+                          "the logit alone, so a rare label's row learns to score as if the labels were balanced to "
+                          "the power tau (0: the plain loss; 1: fully balanced). The PIFA start's bias keeps (1 - tau) "
+                          "of the log-odds, so the adjusted loss starts where PIFA does. Needs PIFA rows "
+                          "(head_init pifa, or auto on a flat run)", minimum=0.0, maximum=1.0)
+RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT, LOGIT_ADJUSTMENT)

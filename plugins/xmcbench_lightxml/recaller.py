@@ -6,7 +6,7 @@ from torch import nn
 
 from xmcbench.errors import RefusedSetting, XmcError
 from xmcbench.interfaces import EpochContext, LabelInfo, Recaller
-from xmcbench_lightxml.options import HEAD_INIT, POSITIVE_WEIGHT
+from xmcbench_lightxml.options import HEAD_INIT, LOGIT_ADJUSTMENT, POSITIVE_WEIGHT
 
 # A PIFA row scores a document by PIFA_SCALE x its cosine to the label's documents (the centred representations
 # divided by their mean length): a label seen once starts about PIFA_SCALE logits above its prior on its own
@@ -55,11 +55,23 @@ class PifaInitialisedRecaller(ClusterLinearRecaller):
     begins, and its bias the log-odds of l's prior, less the row's score of the mean representation. A label seen
     once then starts at its one document instead of at random. This happens once, when the first epoch begins;
     the buffer `initialised` travels with checkpoints, so neither a resumed run nor a later stage redoes it. With
-    head_init=auto on a run with label clusters (one row per cluster, not per label) the rows stay random."""
+    head_init=auto on a run with label clusters (one row per cluster, not per label) the rows stay random.
 
-    def __init__(self, in_dim: int, num_clusters: int) -> None:
+    logit_adjustment = tau > 0 (options.logit_adjustment): the recall loss reads logit_l + tau x log-odds_l, l's
+    prior's log-odds, kept as the (L,) buffer `loss_offsets`; forward, and so prediction, returns logit_l alone.
+    The bias then starts at (1 - tau) x log-odds_l, so the adjusted logits start where PIFA's do."""
+
+    def __init__(self, in_dim: int, num_clusters: int, logit_adjustment: float = 0.0) -> None:
         super().__init__(in_dim, num_clusters)
+        self.logit_adjustment = logit_adjustment
         self.register_buffer("initialised", torch.zeros((), dtype=torch.bool))
+        if logit_adjustment > 0:   # only then: the checkpoints of runs without it keep their tensors
+            self.register_buffer("loss_offsets", torch.zeros(num_clusters))
+
+    def loss(self, logits: torch.Tensor, cluster_targets: torch.Tensor) -> torch.Tensor:
+        if self.logit_adjustment > 0:
+            logits = logits + self.loss_offsets
+        return super().loss(logits, cluster_targets)
 
     def start_epoch(self, context: EpochContext) -> None:
         if not bool(self.initialised):
@@ -85,9 +97,12 @@ class PifaInitialisedRecaller(ClusterLinearRecaller):
         rows = nn.functional.normalize(sums, dim=1) * (PIFA_SCALE / spread)
         counts = torch.from_numpy(np.asarray(labels.sum(axis=0), dtype=np.float32).ravel())   # (L,)
         prior = (counts + 1.0) / (labels.shape[0] + 2.0)
+        log_odds = torch.log(prior / (1 - prior))                                            # (L,)
         weight = self.linear.weight
         weight.copy_(rows.to(weight))
-        self.linear.bias.copy_((torch.log(prior / (1 - prior)) - rows @ mean).to(self.linear.bias))
+        self.linear.bias.copy_(((1.0 - self.logit_adjustment) * log_odds - rows @ mean).to(self.linear.bias))
+        if self.logit_adjustment > 0:
+            self.loss_offsets.copy_((self.logit_adjustment * log_odds).to(self.loss_offsets))
         self.initialised.fill_(True)
 
 
@@ -100,6 +115,8 @@ def build_cluster_linear(config, in_dim: int, num_clusters: int) -> ClusterLinea
     pifa = HEAD_INIT.value_of(config) in ("pifa", "auto")   # auto: whether the run is flat is known at start_epoch
     kind = {(False, False): ClusterLinearRecaller, (True, False): PropensityWeightedRecaller,
             (False, True): PifaInitialisedRecaller, (True, True): PifaPropensityRecaller}[propensity, pifa]
+    if pifa:
+        return kind(in_dim, num_clusters, LOGIT_ADJUSTMENT.value_of(config))
     return kind(in_dim, num_clusters)
 
 
@@ -110,6 +127,10 @@ def check_cluster_linear(config, label_info: LabelInfo) -> None:
     if POSITIVE_WEIGHT.value_of(config) == "propensity" and not flat:
         raise RefusedSetting("options.positive_weight=propensity weighs each label's positives, so it needs one label "
                              "per cluster (a flat run: --set cluster_size=1); drop it for a run with label clusters")
+    if LOGIT_ADJUSTMENT.value_of(config) > 0 and (HEAD_INIT.value_of(config) == "random" or not flat):
+        raise RefusedSetting("options.logit_adjustment offsets each label's logit by its prior and starts from PIFA "
+                             "rows, so it needs a flat run (--set cluster_size=1) and head_init pifa or auto; drop it "
+                             "otherwise")
     if HEAD_INIT.value_of(config) == "pifa" and not flat:
         raise RefusedSetting("options.head_init=pifa starts each label's row at its documents, so it needs one label "
                              "per cluster (a flat run: --set cluster_size=1); drop it for a run with label clusters")
