@@ -14,14 +14,14 @@ import torch
 from safetensors.torch import load_file
 
 from xmcbench.config import Stage, TrainConfig
-from xmcbench.errors import XmcError
+from xmcbench.errors import RefusedSetting, XmcError
 from xmcbench.interfaces import EpochContext, LabelInfo
 from xmcbench.registry import build_registry
 from xmcbench.testing import write_tiny_dataset
 from xmcbench.runs import launch
 from xmcbench.runs.plan import plan_run
 from xmcbench_lightxml.recaller import (ClusterLinearRecaller, PifaInitialisedRecaller, PifaPropensityRecaller,
-                                        PropensityWeightedRecaller, build_cluster_linear)
+                                        PropensityWeightedRecaller, build_cluster_linear, check_cluster_linear)
 
 PIFA = dataclasses.replace(TrainConfig(), options={"head_init": "pifa"})
 
@@ -166,11 +166,21 @@ def test_logit_adjustment_offsets_the_loss_by_the_prior_and_starts_where_pifa_do
     with torch.no_grad():
         start, pifa_start = adjusted(documents.documents), reference(documents.documents)   # (8, 2)
     assert start + adjusted.loss_offsets == pytest.approx(pifa_start, abs=1e-5), "the adjusted start is PIFA's"
-    assert start[:, 1] - start[:, 0] == pytest.approx(pifa_start[:, 1] - pifa_start[:, 0] - 0.5 * (log_odds[1] - log_odds[0]),
-                                                      abs=1e-5), "prediction ranks the rare label higher by tau x the gap"
+    lifted = -0.5 * (log_odds[1] - log_odds[0])   # > 0: label 1 is the rare one
+    assert start[:, 1] - start[:, 0] == pytest.approx(pifa_start[:, 1] - pifa_start[:, 0] + lifted, abs=1e-5), \
+        "prediction ranks the rare label higher by tau x the gap in log-odds"
     targets = torch.tensor(labels.toarray())
     assert adjusted.loss(start, targets).item() == pytest.approx(reference.loss(pifa_start, targets).item(), rel=1e-5)
     resumed = build_cluster_linear(adjusted_config, 16, 2)
     resumed.load_state_dict(adjusted.state_dict())
     assert torch.equal(resumed.loss_offsets, adjusted.loss_offsets), "a checkpoint keeps the offsets"
     assert "loss_offsets" not in reference.state_dict(), "a run without the option keeps its tensors"
+
+
+def test_logit_adjustment_without_pifa_rows_is_refused():
+    flat = dataclasses.replace(TrainConfig(), cluster_size=1,
+                               options={"head_init": "random", "logit_adjustment": "0.5"})
+    info = LabelInfo(("a", "b", "c"), None, np.ones(3, dtype=np.int64), np.ones(3))
+    with pytest.raises(RefusedSetting, match="head_init pifa or auto"):
+        check_cluster_linear(flat, info)
+    check_cluster_linear(dataclasses.replace(flat, options={"head_init": "auto", "logit_adjustment": "0.5"}), info)
