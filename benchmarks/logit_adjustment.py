@@ -4,7 +4,8 @@ A flat run (one logit per label, e.g. `lightxml` below 30,000 labels) scores lab
 z_l; the adjustment ranks by z_l - tau * log p_l instead, p_l = (training documents of l + 1) / (N + 2), the
 counts the model saved in model/label_info.json, so rare labels move up by tau times their rarity. The model
 predicts the test set once; every tau re-ranks the same logits. tau = 0 is the run's own ranking (its P@k and
-PSP@k must equal metrics.json's). Nothing is trained, and the run is not changed.
+PSP@k must equal metrics.json's). For the test positives of labels with 1 to 3 training documents it also prints
+where the true label ranks under each tau. Nothing is trained, and the run is not changed.
 
     python benchmarks/logit_adjustment.py RUN_DIR [--tau 0 0.25 0.5 1] [--threads 2]
 """
@@ -56,12 +57,19 @@ def main() -> None:
     model.eval()
     top = {tau: [] for tau in args.tau}
     rows = np.arange(len(dataset.test_texts))
+    positives = truth[:, :len(names)].tocoo()
+    rare = (info.counts >= 1) & (info.counts <= 3)
+    rare_pairs = [(d, l) for d, l in zip(positives.row, positives.col) if rare[l]]
+    rare_ranks = {tau: [] for tau in args.tau}   # the rank of the true label, per test positive of a 1-3-doc label
     with torch.no_grad():
         for start in range(0, len(rows), args.batch):
             input_ids, attention_mask = tokens.batch(rows[start:start + args.batch])
             logits = model.recaller(model.encoder(input_ids, attention_mask)).float().numpy()   # (B, L)
             for tau in args.tau:
-                top[tau].append(np.argsort(-(logits - tau * log_prior), axis=1, kind="stable")[:, :10])
+                adjusted = logits - tau * log_prior
+                top[tau].append(np.argsort(-adjusted, axis=1, kind="stable")[:, :10])
+                rare_ranks[tau] += [int((adjusted[d - start] > adjusted[d - start, l]).sum()) + 1
+                                    for d, l in rare_pairs if start <= d < start + args.batch]
     print(f"{args.run_dir}: {len(rows)} test documents, {len(names)} labels, {documents} training documents")
     print("| tau | " + " | ".join(SHOWN) + " | (P@1 + PSP@5) / 2 | PSP@5 from labels of ≤ 3 / 4-10 / 11-30 training docs |")
     print("|---" * (len(SHOWN) + 3) + "|")
@@ -73,6 +81,11 @@ def main() -> None:
         print(f"| {tau:g} | " + " | ".join(f"{metrics[key]:.2f}" for key in SHOWN)
               + f" | {(metrics['P@1'] + metrics['PSP@5']) / 2:.2f} | {tail:.2f} / {bins.get('4-10', 0.0):.2f} / "
               f"{bins.get('11-30', 0.0):.2f} |")
+    for tau, ranks in rare_ranks.items():
+        ranks = np.array(ranks)
+        print(f"tau {tau:g}: {len(ranks)} test positives of the {int(rare.sum())} labels with 1-3 training documents, "
+              f"rank of the true label: median {np.median(ranks):.0f}, top 5 {np.mean(ranks <= 5):.1%}, "
+              f"top 50 {np.mean(ranks <= 50):.1%}")
 
 
 if __name__ == "__main__":
