@@ -31,6 +31,25 @@ from xmcbench.scoring import propensities, remap_labels
 SHOWN = ("P@1", "P@3", "P@5", "PSP@1", "PSP@5")
 
 
+def rare_positives(truth, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The test positives of labels with 1 to 3 training documents: (P,) document rows and (P,) label ids.
+    truth: (N, L_total) csr in the model's label order; counts: (L,) training documents per label."""
+    positives = truth[:, :len(counts)].tocoo()
+    keep = (counts[positives.col] >= 1) & (counts[positives.col] <= 3)
+    return positives.row[keep], positives.col[keep]
+
+
+def true_label_ranks(scores: np.ndarray, documents: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """(N, L) scores, (P,) rows of scores, (P,) label ids -> (P,) the 1-based rank of each label in its row."""
+    return (scores[documents] > scores[documents, labels][:, None]).sum(axis=1) + 1
+
+
+def rank_summary(ranks: np.ndarray, counts: np.ndarray) -> str:
+    rare_labels = int(((counts >= 1) & (counts <= 3)).sum())
+    return (f"{len(ranks)} test positives of the {rare_labels} labels with 1-3 training documents, rank of the true "
+            f"label: median {np.median(ranks):.0f}, top 5 {np.mean(ranks <= 5):.1%}, top 50 {np.mean(ranks <= 50):.1%}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path)
@@ -57,9 +76,7 @@ def main() -> None:
     model.eval()
     top = {tau: [] for tau in args.tau}
     rows = np.arange(len(dataset.test_texts))
-    positives = truth[:, :len(names)].tocoo()
-    rare = (info.counts >= 1) & (info.counts <= 3)
-    rare_pairs = [(d, l) for d, l in zip(positives.row, positives.col) if rare[l]]
+    rare_documents, rare_labels = rare_positives(truth, info.counts)
     rare_ranks = {tau: [] for tau in args.tau}   # the rank of the true label, per test positive of a 1-3-doc label
     with torch.no_grad():
         for start in range(0, len(rows), args.batch):
@@ -68,8 +85,8 @@ def main() -> None:
             for tau in args.tau:
                 adjusted = logits - tau * log_prior
                 top[tau].append(np.argsort(-adjusted, axis=1, kind="stable")[:, :10])
-                rare_ranks[tau] += [int((adjusted[d - start] > adjusted[d - start, l]).sum()) + 1
-                                    for d, l in rare_pairs if start <= d < start + args.batch]
+                inside = (rare_documents >= start) & (rare_documents < start + len(adjusted))
+                rare_ranks[tau].append(true_label_ranks(adjusted, rare_documents[inside] - start, rare_labels[inside]))
     print(f"{args.run_dir}: {len(rows)} test documents, {len(names)} labels, {documents} training documents")
     print("| tau | " + " | ".join(SHOWN) + " | (P@1 + PSP@5) / 2 | PSP@5 from labels of ≤ 3 / 4-10 / 11-30 training docs |")
     print("|---" * (len(SHOWN) + 3) + "|")
@@ -82,10 +99,7 @@ def main() -> None:
               + f" | {(metrics['P@1'] + metrics['PSP@5']) / 2:.2f} | {tail:.2f} / {bins.get('4-10', 0.0):.2f} / "
               f"{bins.get('11-30', 0.0):.2f} |")
     for tau, ranks in rare_ranks.items():
-        ranks = np.array(ranks)
-        print(f"tau {tau:g}: {len(ranks)} test positives of the {int(rare.sum())} labels with 1-3 training documents, "
-              f"rank of the true label: median {np.median(ranks):.0f}, top 5 {np.mean(ranks <= 5):.1%}, "
-              f"top 50 {np.mean(ranks <= 50):.1%}")
+        print(f"tau {tau:g}: " + rank_summary(np.concatenate(ranks), info.counts))
 
 
 if __name__ == "__main__":

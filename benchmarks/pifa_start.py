@@ -36,7 +36,7 @@ from xmcbench.scoring import propensities, remap_labels
 from xmcbench.tokenization import tokenize
 from xmcbench.training import Trainer
 
-SHOWN = ("P@1", "P@3", "P@5", "PSP@1", "PSP@5")
+from logit_adjustment import SHOWN, rank_summary, rare_positives, true_label_ranks
 TAIL_BINS = ("0", "1", "2-3")
 
 
@@ -102,14 +102,9 @@ def main() -> None:
         print(f"| {scale:g} | {tau:g} | " + " | ".join(f"{metrics[key]:.2f}" for key in SHOWN)
               + f" | {tail:.2f} / {bins.get('4-10', 0.0):.2f} / {bins.get('11-30', 0.0):.2f} |")
 
-    rare = np.flatnonzero((counts >= 1) & (counts <= 3))
-    positives = truth[:, :len(names)].tocoo()
-    pairs = [(d, l) for d, l in zip(positives.row, positives.col) if counts[l] >= 1 and counts[l] <= 3]
+    rare_documents, rare_labels = rare_positives(truth, counts)
     for what, scores in (("the start", logits), ("the cosine term alone", cosine_term)):
-        ranks = np.array([int((scores[d] > scores[d, l]).sum()) + 1 for d, l in pairs])
-        print(f"{len(pairs)} test positives of the {len(rare)} labels with 1-3 training documents, rank of the true "
-              f"label under {what}: median {np.median(ranks):.0f}, top 5 {np.mean(ranks <= 5):.1%}, "
-              f"top 50 {np.mean(ranks <= 50):.1%}")
+        print(f"{what}: " + rank_summary(true_label_ranks(scores, rare_documents, rare_labels), counts))
 
 
 if __name__ == "__main__":
