@@ -5,7 +5,10 @@ z_l; the adjustment ranks by z_l - tau * log p_l instead, p_l = (training docume
 counts the model saved in model/label_info.json, so rare labels move up by tau times their rarity. The model
 predicts the test set once; every tau re-ranks the same logits. tau = 0 is the run's own ranking (its P@k and
 PSP@k must equal metrics.json's). For the test positives of labels with 1 to 3 training documents it also prints
-where the true label ranks under each tau. Nothing is trained, and the run is not changed.
+where the true label ranks under each tau, and under the rows alone: the logit less the logit of the test
+documents' mean representation, and the cosine of the row with the representation less that mean (PIFA's rows
+start as that cosine); and the logit of that mean document, the prior the model has learned, for rare and frequent
+labels. Nothing is trained, and the run is not changed.
 
     python benchmarks/logit_adjustment.py RUN_DIR [--tau 0 0.25 0.5 1] [--threads 2]
 """
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from xmcbench.labels import load_label_info
 from xmcbench.metrics import evaluate
@@ -78,10 +82,13 @@ def main() -> None:
     rows = np.arange(len(dataset.test_texts))
     rare_documents, rare_labels = rare_positives(truth, info.counts)
     rare_ranks = {tau: [] for tau in args.tau}   # the rank of the true label, per test positive of a 1-3-doc label
+    representations = []
     with torch.no_grad():
         for start in range(0, len(rows), args.batch):
             input_ids, attention_mask = tokens.batch(rows[start:start + args.batch])
-            logits = model.recaller(model.encoder(input_ids, attention_mask)).float().numpy()   # (B, L)
+            representation = model.encoder(input_ids, attention_mask)                           # (B, D)
+            representations.append(representation.float())
+            logits = model.recaller(representation).float().numpy()                              # (B, L)
             for tau in args.tau:
                 adjusted = logits - tau * log_prior
                 top[tau].append(np.argsort(-adjusted, axis=1, kind="stable")[:, :10])
@@ -100,7 +107,22 @@ def main() -> None:
               f"{bins.get('11-30', 0.0):.2f} |")
     for tau, ranks in rare_ranks.items():
         print(f"tau {tau:g}: " + rank_summary(np.concatenate(ranks), info.counts))
-
+    # where the rows alone put these labels: each logit less the logit of the mean test document, and the cosine
+    # of the row with the document less that mean (PIFA's rows start as that cosine)
+    representation = torch.cat(representations)                                               # (N, D)
+    mean = representation.mean(dim=0, keepdim=True)                                            # (1, D)
+    with torch.no_grad():
+        at_mean = model.recaller(mean).float()                                                 # (1, L)
+        centred_term = (torch.cat([model.recaller(part) for part in representation.split(args.batch)]).float()
+                        - at_mean).numpy()                                                     # (N, L)
+    weight = model.recaller.linear.weight.detach().float()                                    # (L, D)
+    cosine = (nn.functional.normalize(representation - mean, dim=1)
+              @ nn.functional.normalize(weight, dim=1).T).numpy()                              # (N, L)
+    for name, scores in (("logit less the mean document's", centred_term), ("the rows' cosine", cosine)):
+        print(f"{name}: " + rank_summary(true_label_ranks(scores, rare_documents, rare_labels), info.counts))
+    rare, frequent = (info.counts >= 1) & (info.counts <= 3), info.counts > 1000
+    print(f"logit of the mean test document, median: {np.median(at_mean[0].numpy()[rare]):.2f} for labels with 1-3 "
+          f"training documents, {np.median(at_mean[0].numpy()[frequent]):.2f} for those with more than 1,000")
 
 if __name__ == "__main__":
     main()

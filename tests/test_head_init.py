@@ -184,3 +184,86 @@ def test_logit_adjustment_without_pifa_rows_is_refused():
     with pytest.raises(RefusedSetting, match="head_init pifa or auto"):
         check_cluster_linear(flat, info)
     check_cluster_linear(dataclasses.replace(flat, options={"head_init": "auto", "logit_adjustment": "0.5"}), info)
+
+
+HOLD = dataclasses.replace(PIFA, options={"head_init": "pifa", "hold_prior": "true"})
+
+
+def test_hold_prior_starts_where_pifa_does_and_training_cannot_move_the_score_at_the_mean():
+    """options.hold_prior: logit = w . (x - centre) + held bias. It starts equal to the PIFA start; the bias is a
+    buffer, so a label's many negatives can move its row but not its score at the mean document."""
+    generator = torch.Generator().manual_seed(4)
+    documents = CountingDocuments(torch.randn(8, 16, generator=generator) + 2)
+    labels = sp.csr_matrix(np.array([[1, 0], [1, 0], [1, 0], [1, 0], [1, 0], [0, 1], [1, 0], [0, 0]],
+                                    dtype=np.float32))
+    held = build_cluster_linear(HOLD, 16, 2)
+    assert "linear.bias" not in dict(held.named_parameters()), "no bias for the optimizer to train"
+    held.start_epoch(context(CountingDocuments(documents.documents), labels))
+    reference = build_cluster_linear(PIFA, 16, 2)
+    reference.start_epoch(context(CountingDocuments(documents.documents), labels))
+    held.eval()
+    with torch.no_grad():
+        assert held(documents.documents) == pytest.approx(reference(documents.documents), abs=1e-5)
+    mean = documents.documents.mean(dim=0)
+    assert torch.allclose(held.centre, mean) and torch.equal(held.linear.weight, reference.linear.weight)
+    prior = np.array([(6 + 1.0) / 10, (1 + 1.0) / 10])
+    log_odds = torch.tensor(np.log(prior / (1 - prior)), dtype=torch.float32)
+    assert held.held_bias == pytest.approx(log_odds)
+
+    held.train()
+    optimizer = torch.optim.SGD(held.parameters(), lr=0.5)
+    shifted = documents.documents + 3   # the training representations drift: the centre follows them
+    for _ in range(20):
+        optimizer.zero_grad()
+        held.loss(held(shifted[:7]), torch.zeros(7, 2)).backward()   # every document a negative of both labels
+        optimizer.step()
+    assert torch.equal(held.held_bias, log_odds.to(held.held_bias)), "the bias is not trained"
+    moved = (held.centre - mean).norm() / (shifted[:7].mean(dim=0) - mean).norm()
+    assert float(moved) == pytest.approx(1 - (1 - 0.01) ** 20, rel=1e-4), "the centre moves 1 % a batch"
+    held.eval()
+    centre = held.centre.clone()
+    with torch.no_grad():
+        assert held(centre[None])[0] == pytest.approx(log_odds, abs=1e-5), "the score at the centre is held"
+        held(shifted)
+    assert torch.equal(held.centre, centre), "prediction does not move the centre"
+    resumed = build_cluster_linear(HOLD, 16, 2)
+    resumed.load_state_dict(held.state_dict())
+    assert torch.equal(resumed.centre, held.centre) and torch.equal(resumed.held_bias, held.held_bias)
+
+
+def test_hold_prior_keeps_the_adjusted_share_of_the_prior():
+    config = dataclasses.replace(PIFA, options={"head_init": "pifa", "hold_prior": "true", "logit_adjustment": "0.5"})
+    documents = CountingDocuments(torch.randn(8, 16, generator=torch.Generator().manual_seed(5)))
+    labels = sp.csr_matrix(np.eye(8, 2, dtype=np.float32))
+    held = build_cluster_linear(config, 16, 2)
+    held.start_epoch(context(documents, labels))
+    log_odds = float(np.log(0.2 / 0.8))   # (1 + 1) / (8 + 2) for both labels
+    assert held.held_bias == pytest.approx([0.5 * log_odds] * 2) and held.loss_offsets == pytest.approx([0.5 * log_odds] * 2)
+
+
+def test_hold_prior_without_pifa_rows_or_on_label_clusters_is_refused():
+    info = LabelInfo(("a", "b", "c"), None, np.ones(3, dtype=np.int64), np.ones(3))
+    flat = dataclasses.replace(TrainConfig(), cluster_size=1, options={"head_init": "random", "hold_prior": "true"})
+    with pytest.raises(RefusedSetting, match="options.hold_prior .* head_init pifa or auto"):
+        check_cluster_linear(flat, info)
+    clustered = dataclasses.replace(TrainConfig(), cluster_size=2, options={"head_init": "auto", "hold_prior": "true"})
+    with pytest.raises(RefusedSetting, match="options.hold_prior .* flat run"):
+        check_cluster_linear(clustered, info)
+    check_cluster_linear(dataclasses.replace(flat, options={"head_init": "auto", "hold_prior": "true"}), info)
+
+
+def test_a_run_that_holds_the_prior_saves_its_centre_and_predicts(tiny_model_dir, tmp_path):
+    """End to end, with SWA averaging from the first step: the saved model has its centre and held bias, no trained
+    bias, and predicts."""
+    registry = build_registry()
+    data = write_tiny_dataset(tmp_path / "data")
+    plan = plan_run(registry, "lightxml", str(data), set_options=[
+        f"model_name={tiny_model_dir}", "pretrained_weights=false", "num_layers=2", "epochs=2", "max_length=32",
+        "threads=1", "cluster_size=1", "options.hold_prior=true", "swa=true", "swa_start_epoch=0",
+        "swa_every_steps=1"])
+    launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
+    weights = load_file(tmp_path / "run" / "model" / "weights.safetensors")
+    assert "recaller.linear.bias" not in weights and bool(weights["recaller.initialised"])
+    assert weights["recaller.centre"].abs().sum() > 0 and weights["recaller.held_bias"].max() < 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert 0 <= metrics["P@1"] <= 100

@@ -203,3 +203,27 @@ def test_config_does_not_import_the_registry():
     code = "import sys, xmcbench.config; print('xmcbench.registry' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+def test_the_swa_average_holds_the_live_models_buffers():
+    """A buffer training moves (lightxml's hold_prior centre, a running mean) must reach the averaged model that
+    selection scores and the run keeps: torch's AveragedModel (use_buffers=False) copies the live buffers at every
+    update and averages only the parameters."""
+    import torch
+
+    from xmcbench.callbacks import StochasticWeightAveraging
+
+    model = torch.nn.Linear(2, 1)
+    model.register_buffer("running_mean", torch.zeros(2))
+    averaging = StochasticWeightAveraging(model, TrainConfig(swa_start_epoch=0, swa_every_steps=1))
+    trainer = SimpleNamespace(epoch=0, step=1, log=SimpleNamespace(swa_updates=0))
+    averaging.on_step_end(trainer)
+    model.running_mean.fill_(3.0)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    trainer.step = 2
+    averaging.on_step_end(trainer)
+    averaged = averaging.averaged_model()
+    assert torch.equal(averaged.running_mean, torch.full((2,), 3.0))
+    assert not torch.equal(averaged.weight, model.weight), "parameters are still averaged"
+    assert trainer.log.swa_updates == 2

@@ -19,4 +19,9 @@ LOGIT_ADJUSTMENT = Option("logit_adjustment", float, 0.0, "tau of the logit-adju
                           "the power tau (0: the plain loss; 1: fully balanced). The PIFA start's bias keeps (1 - tau) "
                           "of the log-odds, so the adjusted loss starts where PIFA does. Needs PIFA rows "
                           "(head_init pifa, or auto on a flat run)", minimum=0.0, maximum=1.0)
-RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT, LOGIT_ADJUSTMENT)
+HOLD_PRIOR = Option("hold_prior", bool, False, "keep each label's score at the mean document where the PIFA start puts "
+                    "it, (1 - logit_adjustment) x the log-odds of its prior: the flat recaller scores the "
+                    "representation less a running mean of the training representations, and its bias is not "
+                    "trained, so training moves only the rows' direction and length and cannot learn the prior "
+                    "again through them. Needs PIFA rows (head_init pifa, or auto on a flat run)")
+RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT, LOGIT_ADJUSTMENT, HOLD_PRIOR)
