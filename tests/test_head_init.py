@@ -211,8 +211,12 @@ def test_hold_prior_starts_where_pifa_does_and_training_cannot_move_the_score_at
     assert held.held_bias == pytest.approx(log_odds)
 
     held.train()
-    optimizer = torch.optim.SGD(held.parameters(), lr=0.5)
     shifted = documents.documents + 3   # the training representations drift: the centre follows them
+    with torch.no_grad():
+        assert held(shifted) == pytest.approx(held(documents.documents), abs=1e-4), \
+            "in training a batch is centred on its own mean: moving every document changes no logit"
+    held.centre.copy_(mean)
+    optimizer = torch.optim.SGD(held.parameters(), lr=0.5)
     for _ in range(20):
         optimizer.zero_grad()
         held.loss(held(shifted[:7]), torch.zeros(7, 2)).backward()   # every document a negative of both labels
