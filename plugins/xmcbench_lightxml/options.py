@@ -21,7 +21,8 @@ LOGIT_ADJUSTMENT = Option("logit_adjustment", float, 0.0, "tau of the logit-adju
                           "(head_init pifa, or auto on a flat run)", minimum=0.0, maximum=1.0)
 HOLD_PRIOR = Option("hold_prior", bool, False, "keep each label's score at the mean document where the PIFA start puts "
                     "it, (1 - logit_adjustment) x the log-odds of its prior: the flat recaller scores the "
-                    "representation less a running mean of the training representations, and its bias is not "
-                    "trained, so training moves only the rows' direction and length and cannot learn the prior "
-                    "again through them. Needs PIFA rows (head_init pifa, or auto on a flat run)")
+                    "representation less the mean representation (a training batch's own; in prediction a running "
+                    "mean of the training batches), and its bias is not trained, so training moves only the rows' "
+                    "direction and length and cannot learn the prior again through them. Needs PIFA rows "
+                    "(head_init pifa, or auto on a flat run)")
 RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT, LOGIT_ADJUSTMENT, HOLD_PRIOR)

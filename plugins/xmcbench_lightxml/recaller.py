@@ -65,12 +65,13 @@ class PifaInitialisedRecaller(ClusterLinearRecaller):
     The bias then starts at (1 - tau) x log-odds_l, so the adjusted logits start where PIFA's do.
 
     hold_prior (options.hold_prior): logit_l = w_l . (x - centre) + held_bias_l. held_bias (L,) is (1 - tau) x
-    log-odds_l, a buffer, not trained. In training the centre is the batch's mean; in prediction the buffer
-    centre (D,), which starts at the PIFA pass's mean representation and moves CENTRE_MOMENTUM toward each
-    training batch's mean. Without it a rare label's many negatives pull its row
-    against the mean representation, w_l . mean acts as a second bias, and training learns the prior's gap again
-    (and more: on debian-debtags, -14.1 against -4.8 at the mean document for labels with 1-3 and >1,000 training
-    documents, while the rows' cosine still ranks the rare labels' positives near the top)."""
+    log-odds_l, a buffer, not trained. In training the centre is the batch's mean (a batch of one document gives
+    its rows no gradient); in prediction the buffer centre (D,), which starts at the PIFA pass's mean
+    representation and moves CENTRE_MOMENTUM toward each training batch's mean. Without the option a rare label's
+    many negatives pull its row against the mean representation, w_l . mean acts as a second bias, and training
+    learns the prior's gap again, and more: on debian-debtags, -14.1 against -4.8 at the mean document for labels
+    with 1-3 and >1,000 training documents, while the rows' cosine still ranks the rare labels' positives near the
+    top (BENCHMARKS.md section 10)."""
 
     def __init__(self, in_dim: int, num_clusters: int, logit_adjustment: float = 0.0,
                  hold_prior: bool = False) -> None:
