@@ -124,5 +124,6 @@ def main() -> None:
     print(f"logit of the mean test document, median: {np.median(at_mean[0].numpy()[rare]):.2f} for labels with 1-3 "
           f"training documents, {np.median(at_mean[0].numpy()[frequent]):.2f} for those with more than 1,000")
 
+
 if __name__ == "__main__":
     main()
