@@ -115,7 +115,7 @@ def main() -> None:
         at_mean = model.recaller(mean).float()                                                 # (1, L)
         centred_term = (torch.cat([model.recaller(part) for part in representation.split(args.batch)]).float()
                         - at_mean).numpy()                                                     # (N, L)
-    weight = model.recaller.linear.weight.detach().float()                                    # (L, D)
+    weight = model.recaller.rows().detach().float()                                          # (L, D)
     cosine = (nn.functional.normalize(representation - mean, dim=1)
               @ nn.functional.normalize(weight, dim=1).T).numpy()                              # (N, L)
     for name, scores in (("logit less the mean document's", centred_term), ("the rows' cosine", cosine)):

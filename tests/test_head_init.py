@@ -257,17 +257,61 @@ def test_hold_prior_without_pifa_rows_or_on_label_clusters_is_refused():
 
 
 def test_a_run_that_holds_the_prior_saves_its_centre_and_predicts(tiny_model_dir, tmp_path):
-    """End to end, with SWA averaging from the first step: the saved model has its centre and held bias, no trained
-    bias, and predicts."""
+    """End to end, with SWA averaging from the first step and rows that learn at their own rates: the saved model
+    has its centre, held bias and row scales, no trained bias, and predicts."""
     registry = build_registry()
     data = write_tiny_dataset(tmp_path / "data")
     plan = plan_run(registry, "lightxml", str(data), set_options=[
         f"model_name={tiny_model_dir}", "pretrained_weights=false", "num_layers=2", "epochs=2", "max_length=32",
         "threads=1", "cluster_size=1", "options.hold_prior=true", "swa=true", "swa_start_epoch=0",
-        "swa_every_steps=1"])
+        "swa_every_steps=1", "options.row_lr_documents=1000"])
     launch.run(plan, tmp_path / "run", registry=registry, log=lambda line: None)
     weights = load_file(tmp_path / "run" / "model" / "weights.safetensors")
     assert "recaller.linear.bias" not in weights and bool(weights["recaller.initialised"])
     assert weights["recaller.centre"].abs().sum() > 0 and weights["recaller.held_bias"].max() < 0
+    assert 0 < weights["recaller.row_scales"].min() and weights["recaller.row_scales"].max() < 1
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert 0 <= metrics["P@1"] <= 100
+
+
+ROW_LR = dataclasses.replace(PIFA, options={"head_init": "pifa", "row_lr_documents": "4"})
+
+
+def test_row_lr_documents_starts_where_pifa_does_and_gives_each_row_its_own_step():
+    """options.row_lr_documents=K: the scores start equal to PIFA's, and under Adam a row with n training
+    documents moves min(1, max(1, n) / K) as far a step as the same row without the option."""
+    documents = CountingDocuments(torch.randn(10, 16, generator=torch.Generator().manual_seed(6)) + 1)
+    # label 0: 6 documents, label 1: 2, label 2: 1, label 3: none
+    labels = sp.csr_matrix(np.array([[1, 0, 0, 0]] * 4 + [[1, 1, 0, 0]] * 2 + [[0, 0, 1, 0]] + [[0, 0, 0, 0]] * 3,
+                                    dtype=np.float32))
+    scaled = build_cluster_linear(ROW_LR, 16, 4)
+    scaled.start_epoch(context(CountingDocuments(documents.documents), labels))
+    reference = build_cluster_linear(PIFA, 16, 4)
+    reference.start_epoch(context(CountingDocuments(documents.documents), labels))
+    assert scaled.row_scales.tolist() == [1.0, 0.5, 0.25, 0.25]
+    assert torch.allclose(scaled.rows(), reference.rows(), atol=1e-6)
+    with torch.no_grad():
+        assert scaled(documents.documents) == pytest.approx(reference(documents.documents), abs=1e-5)
+
+    steps = []
+    for recaller in (scaled, reference):
+        before = recaller.rows().detach().clone()
+        optimizer = torch.optim.Adam(recaller.parameters(), lr=1e-3)
+        recaller.loss(recaller(documents.documents), torch.zeros(10, 4)).backward()   # every document a negative
+        optimizer.step()
+        steps.append((recaller.rows().detach() - before).norm(dim=1))
+    assert (steps[0] / steps[1]).tolist() == pytest.approx([1.0, 0.5, 0.25, 0.25], rel=1e-3)
+
+    resumed = build_cluster_linear(ROW_LR, 16, 4)
+    resumed.load_state_dict(scaled.state_dict())
+    assert torch.equal(resumed.rows(), scaled.rows()), "the scales travel with checkpoints"
+    assert "row_scales" not in reference.state_dict(), "runs without the option keep their tensors"
+
+
+def test_row_lr_documents_without_pifa_rows_is_refused():
+    info = LabelInfo(("a", "b", "c"), None, np.ones(3, dtype=np.int64), np.ones(3))
+    flat = dataclasses.replace(TrainConfig(), cluster_size=1,
+                               options={"head_init": "random", "row_lr_documents": "10"})
+    with pytest.raises(RefusedSetting, match="options.row_lr_documents .* head_init pifa or auto"):
+        check_cluster_linear(flat, info)
+    check_cluster_linear(dataclasses.replace(flat, options={"head_init": "auto", "row_lr_documents": "10"}), info)

@@ -25,4 +25,10 @@ HOLD_PRIOR = Option("hold_prior", bool, False, "keep each label's score at the m
                     "mean of the training batches), and its bias is not trained, so training moves only the rows' "
                     "direction and length and cannot learn the prior again through them. Needs PIFA rows "
                     "(head_init pifa, or auto on a flat run)")
-RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT, LOGIT_ADJUSTMENT, HOLD_PRIOR)
+ROW_LR_DOCUMENTS = Option("row_lr_documents", int, 0, "K > 0: each row of a flat recaller learns at head_lr x "
+                          "min(1, its label's training documents / K), so a label seen once learns K times slower "
+                          "than one with K documents or more. Adam moves every row about head_lr a step whatever the "
+                          "size of its gradient, so a rare label's row, which its many negatives alone push, can lose "
+                          "its PIFA start within an epoch. 0: every row learns at head_lr. Needs PIFA rows (head_init "
+                          "pifa, or auto on a flat run)", minimum=0)
+RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT, LOGIT_ADJUSTMENT, HOLD_PRIOR, ROW_LR_DOCUMENTS)

@@ -6,7 +6,7 @@ from torch import nn
 
 from xmcbench.errors import RefusedSetting, XmcError
 from xmcbench.interfaces import EpochContext, LabelInfo, Recaller
-from xmcbench_lightxml.options import HEAD_INIT, HOLD_PRIOR, LOGIT_ADJUSTMENT, POSITIVE_WEIGHT
+from xmcbench_lightxml.options import HEAD_INIT, HOLD_PRIOR, LOGIT_ADJUSTMENT, POSITIVE_WEIGHT, ROW_LR_DOCUMENTS
 
 # A PIFA row scores a document by PIFA_SCALE x its cosine to the label's documents (the centred representations
 # divided by their mean length): a label seen once starts about PIFA_SCALE logits above its prior on its own
@@ -30,6 +30,10 @@ class ClusterLinearRecaller(Recaller):
 
     def forward(self, representation: torch.Tensor) -> torch.Tensor:
         return self.linear(representation)
+
+    def rows(self) -> torch.Tensor:
+        """(K, D) the rows the logits use."""
+        return self.linear.weight
 
 
 class PropensityWeightedRecaller(ClusterLinearRecaller):
@@ -71,24 +75,46 @@ class PifaInitialisedRecaller(ClusterLinearRecaller):
     many negatives pull its row against the mean representation, w_l . mean acts as a second bias, and training
     learns the prior's gap again, and more: on debian-debtags, -14.1 against -4.8 at the mean document for labels
     with 1-3 and >1,000 training documents, while the rows' cosine still ranks the rare labels' positives near the
-    top (BENCHMARKS.md section 10)."""
+    top (BENCHMARKS.md section 10).
+
+    row_lr_documents = K > 0 (options.row_lr_documents): row l learns at head_lr x s_l, s_l = min(1, max(1, n_l) / K)
+    for a label with n_l training documents. Adam's step does not grow with the gradient, so a per-row learning rate
+    cannot come from scaling gradients; the row is kept as w_l / s_l in `linear.weight` and its score multiplied
+    by s_l, the (L,) buffer `row_scales`, which makes Adam's step on w_l s_l times head_lr. AdamW's weight decay
+    stays head_lr x weight_decay for every row. `rows()` gives the rows the scores use."""
 
     def __init__(self, in_dim: int, num_clusters: int, logit_adjustment: float = 0.0,
-                 hold_prior: bool = False) -> None:
+                 hold_prior: bool = False, row_lr_documents: int = 0) -> None:
         super().__init__(in_dim, num_clusters, bias=not hold_prior)
         self.logit_adjustment = logit_adjustment
         self.hold_prior = hold_prior
+        self.row_lr_documents = row_lr_documents
         self.register_buffer("initialised", torch.zeros((), dtype=torch.bool))
         if logit_adjustment > 0:   # only then: the checkpoints of runs without it keep their tensors
             self.register_buffer("loss_offsets", torch.zeros(num_clusters))
         if hold_prior:
             self.register_buffer("centre", torch.zeros(in_dim))
             self.register_buffer("held_bias", torch.zeros(num_clusters))
+        if row_lr_documents > 0:
+            self.register_buffer("row_scales", torch.ones(num_clusters))
+
+    def rows(self) -> torch.Tensor:
+        """(L, D) `linear.weight`, times `row_scales` under row_lr_documents."""
+        if not self.row_lr_documents:
+            return super().rows()
+        return self.linear.weight * self.row_scales[:, None]
+
+    def row_scores(self, representation: torch.Tensor) -> torch.Tensor:
+        """(B, D) -> (B, L): each row's product with the representation, plus the trained bias if there is one."""
+        if not self.row_lr_documents:
+            return self.linear(representation)
+        scores = nn.functional.linear(representation, self.linear.weight) * self.row_scales.to(representation.dtype)
+        return scores if self.linear.bias is None else scores + self.linear.bias
 
     def forward(self, representation: torch.Tensor) -> torch.Tensor:
         """(B, D) -> (B, L) label logits."""
         if not self.hold_prior:
-            return super().forward(representation)
+            return self.row_scores(representation)
         if self.training and bool(self.initialised):
             # centred on the batch's own mean, with its gradient, as BatchNorm does in training: a shift of every
             # representation then changes no logit, so the encoder is not driven to move all documents away from
@@ -96,8 +122,8 @@ class PifaInitialisedRecaller(ClusterLinearRecaller):
             batch_mean = representation.mean(dim=0)
             with torch.no_grad():
                 self.centre.lerp_(batch_mean.detach().to(self.centre.dtype), CENTRE_MOMENTUM)
-            return self.linear(representation - batch_mean) + self.held_bias
-        return self.linear(representation - self.centre.to(representation.dtype)) + self.held_bias
+            return self.row_scores(representation - batch_mean) + self.held_bias
+        return self.row_scores(representation - self.centre.to(representation.dtype)) + self.held_bias
 
     def loss(self, logits: torch.Tensor, cluster_targets: torch.Tensor) -> torch.Tensor:
         if self.logit_adjustment > 0:
@@ -130,7 +156,12 @@ class PifaInitialisedRecaller(ClusterLinearRecaller):
         prior = (counts + 1.0) / (labels.shape[0] + 2.0)
         log_odds = torch.log(prior / (1 - prior))                                            # (L,)
         weight = self.linear.weight
-        weight.copy_(rows.to(weight))
+        if self.row_lr_documents:
+            scales = (counts.clamp_min(1.0) / self.row_lr_documents).clamp_max(1.0)                 # (L,)
+            self.row_scales.copy_(scales.to(self.row_scales))
+            weight.copy_((rows / scales[:, None]).to(weight))
+        else:
+            weight.copy_(rows.to(weight))
         if self.hold_prior:
             self.centre.copy_(mean.to(self.centre))
             self.held_bias.copy_(((1.0 - self.logit_adjustment) * log_odds).to(self.held_bias))
@@ -151,25 +182,31 @@ def build_cluster_linear(config, in_dim: int, num_clusters: int) -> ClusterLinea
     kind = {(False, False): ClusterLinearRecaller, (True, False): PropensityWeightedRecaller,
             (False, True): PifaInitialisedRecaller, (True, True): PifaPropensityRecaller}[propensity, pifa]
     if pifa:
-        return kind(in_dim, num_clusters, LOGIT_ADJUSTMENT.value_of(config), HOLD_PRIOR.value_of(config))
+        return kind(in_dim, num_clusters, LOGIT_ADJUSTMENT.value_of(config), HOLD_PRIOR.value_of(config),
+                    ROW_LR_DOCUMENTS.value_of(config))
     return kind(in_dim, num_clusters)
 
 
 def check_cluster_linear(config, label_info: LabelInfo) -> None:
-    """Refuses, before a run starts, propensity weights or PIFA rows where a cluster holds several labels (one
-    weight or one row would stand for labels of every frequency)."""
+    """Refuses, before a run starts, propensity weights, PIFA rows and the options built on PIFA rows where a
+    cluster holds several labels (one weight or one row would stand for labels of every frequency), and those
+    options where the rows start at random."""
     flat = config.cluster_size == 1 or config.num_clusters == len(label_info.names)
     if POSITIVE_WEIGHT.value_of(config) == "propensity" and not flat:
         raise RefusedSetting("options.positive_weight=propensity weighs each label's positives, so it needs one label "
                              "per cluster (a flat run: --set cluster_size=1); drop it for a run with label clusters")
-    if LOGIT_ADJUSTMENT.value_of(config) > 0 and (HEAD_INIT.value_of(config) == "random" or not flat):
-        raise RefusedSetting("options.logit_adjustment offsets each label's logit by its prior and starts from PIFA "
-                             "rows, so it needs a flat run (--set cluster_size=1) and head_init pifa or auto; drop it "
-                             "otherwise")
-    if HOLD_PRIOR.value_of(config) and (HEAD_INIT.value_of(config) == "random" or not flat):
-        raise RefusedSetting("options.hold_prior keeps each label's score at the mean document where the PIFA start "
-                             "puts it, so it needs a flat run (--set cluster_size=1) and head_init pifa or auto; drop "
-                             "it otherwise")
+    needs_pifa_rows = {
+        "options.logit_adjustment": (LOGIT_ADJUSTMENT.value_of(config) > 0,
+                                     "offsets each label's logit by its prior and starts from PIFA rows"),
+        "options.hold_prior": (HOLD_PRIOR.value_of(config),
+                               "keeps each label's score at the mean document where the PIFA start puts it"),
+        "options.row_lr_documents": (ROW_LR_DOCUMENTS.value_of(config) > 0,
+                                     "sets each row's learning rate where the PIFA start sets the row"),
+    }
+    for option, (is_set, why) in needs_pifa_rows.items():
+        if is_set and (HEAD_INIT.value_of(config) == "random" or not flat):
+            raise RefusedSetting(f"{option} {why}, so it needs a flat run (--set cluster_size=1) and head_init pifa "
+                                 "or auto; drop it otherwise")
     if HEAD_INIT.value_of(config) == "pifa" and not flat:
         raise RefusedSetting("options.head_init=pifa starts each label's row at its documents, so it needs one label "
                              "per cluster (a flat run: --set cluster_size=1); drop it for a run with label clusters")
