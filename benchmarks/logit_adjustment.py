@@ -10,7 +10,13 @@ documents' mean representation, and the cosine of the row with the representatio
 start as that cosine); and the logit of that mean document, the prior the model has learned, for rare and frequent
 labels. Nothing is trained, and the run is not changed.
 
-    python benchmarks/logit_adjustment.py RUN_DIR [--tau 0 0.25 0.5 1] [--threads 2]
+With --alpha, the logits are also calibrated on the run's validation rows, as options.calibration=bins does
+(xmcbench.calibration: a Platt fit sigmoid(a z + c) per bin of training documents), which gives eta_l, the
+probability that label l is relevant. Ranking by eta_l maximises expected P@k; by eta_l / p_l, with p_l the
+label's propensity (Jain et al. 2016), expected PSP@k. Each alpha ranks by eta_l * (1 / p_l) ** alpha. On a run
+trained with options.calibration=bins the logits are already calibrated, and alpha 0 refits them.
+
+    python benchmarks/logit_adjustment.py RUN_DIR [--tau 0 0.25 0.5 1] [--alpha 0 0.5 1] [--threads 2]
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from xmcbench.calibration import fit_bin_calibration
 from xmcbench.labels import load_label_info
 from xmcbench.metrics import evaluate
+from xmcbench.prediction_files import read_predictions
 from xmcbench.registry import build_registry
 from xmcbench.tokenization import tokenize
 from xmcbench.formats import open_dataset
@@ -54,10 +62,37 @@ def rank_summary(ranks: np.ndarray, counts: np.ndarray) -> str:
             f"label: median {np.median(ranks):.0f}, top 5 {np.mean(ranks <= 5):.1%}, top 50 {np.mean(ranks <= 50):.1%}")
 
 
+def logits_of(model, config, texts: list[str], batch: int) -> tuple[np.ndarray, torch.Tensor]:
+    """The flat model's (N, L) logits and (N, D) representations of `texts`."""
+    tokens = tokenize(texts, model.encoder.tokenizer, config.max_length, None, description=None)
+    rows = np.arange(len(texts))
+    logits, representations = [], []
+    with torch.no_grad():
+        for start in range(0, len(rows), batch):
+            input_ids, attention_mask = tokens.batch(rows[start:start + batch])
+            representation = model.encoder(input_ids, attention_mask)                           # (B, D)
+            representations.append(representation.float())
+            logits.append(model.recaller(representation).float().numpy())                       # (B, L)
+    return np.concatenate(logits), torch.cat(representations)
+
+
+def print_row(name: str, scores: np.ndarray, truth, weights) -> None:
+    """One table row: the metrics of ranking (N, L) scores, and PSP@5 from three groups of rare labels."""
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :10]
+    metrics = evaluate(top, truth, ks=(1, 3, 5), inv_propensity=weights.inverse, label_counts=weights.label_counts)
+    bins = {entry["bin"]: entry["PSP@5_contribution"] for entry in metrics["frequency_bins"]["bins"]}
+    tail = sum(bins.get(key, 0.0) for key in ("0", "1", "2-3"))
+    print(f"| {name} | " + " | ".join(f"{metrics[key]:.2f}" for key in SHOWN)
+          + f" | {(metrics['P@1'] + metrics['PSP@5']) / 2:.2f} | {tail:.2f} / {bins.get('4-10', 0.0):.2f} / "
+          f"{bins.get('11-30', 0.0):.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--tau", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0])
+    parser.add_argument("--alpha", type=float, nargs="*", default=[],
+                        help="also rank the logits calibrated on the validation rows by eta * (1 / propensity) ** alpha")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args()
@@ -75,41 +110,38 @@ def main() -> None:
     # every test label, those unseen in training in extra columns, so PSP@k is normalised as metrics.json's
     weights = propensities(dataset, config, names)
     truth = remap_labels(dataset.test_labels, dataset.label_names, names).tocsr()
-    tokens = tokenize(dataset.test_texts, model.encoder.tokenizer, config.max_length, None, description=None)
 
     model.eval()
-    top = {tau: [] for tau in args.tau}
-    rows = np.arange(len(dataset.test_texts))
+    logits, representation = logits_of(model, config, dataset.test_texts, args.batch)          # (N, L), (N, D)
     rare_documents, rare_labels = rare_positives(truth, info.counts)
-    rare_ranks = {tau: [] for tau in args.tau}   # the rank of the true label, per test positive of a 1-3-doc label
-    representations = []
-    with torch.no_grad():
-        for start in range(0, len(rows), args.batch):
-            input_ids, attention_mask = tokens.batch(rows[start:start + args.batch])
-            representation = model.encoder(input_ids, attention_mask)                           # (B, D)
-            representations.append(representation.float())
-            logits = model.recaller(representation).float().numpy()                              # (B, L)
-            for tau in args.tau:
-                adjusted = logits - tau * log_prior
-                top[tau].append(np.argsort(-adjusted, axis=1, kind="stable")[:, :10])
-                inside = (rare_documents >= start) & (rare_documents < start + len(adjusted))
-                rare_ranks[tau].append(true_label_ranks(adjusted, rare_documents[inside] - start, rare_labels[inside]))
-    print(f"{args.run_dir}: {len(rows)} test documents, {len(names)} labels, {documents} training documents")
-    print("| tau | " + " | ".join(SHOWN) + " | (P@1 + PSP@5) / 2 | PSP@5 from labels of ≤ 3 / 4-10 / 11-30 training docs |")
+    print(f"{args.run_dir}: {len(logits)} test documents, {len(names)} labels, {documents} training documents")
+    print("| ranking | " + " | ".join(SHOWN) + " | (P@1 + PSP@5) / 2 | PSP@5 from labels of ≤ 3 / 4-10 / 11-30 "
+          "training docs |")
     print("|---" * (len(SHOWN) + 3) + "|")
-    for tau, parts in top.items():
-        metrics = evaluate(np.concatenate(parts), truth, ks=(1, 3, 5), inv_propensity=weights.inverse,
-                           label_counts=weights.label_counts)
-        bins = {entry["bin"]: entry["PSP@5_contribution"] for entry in metrics["frequency_bins"]["bins"]}
-        tail = sum(bins.get(name, 0.0) for name in ("0", "1", "2-3"))
-        print(f"| {tau:g} | " + " | ".join(f"{metrics[key]:.2f}" for key in SHOWN)
-              + f" | {(metrics['P@1'] + metrics['PSP@5']) / 2:.2f} | {tail:.2f} / {bins.get('4-10', 0.0):.2f} / "
-              f"{bins.get('11-30', 0.0):.2f} |")
-    for tau, ranks in rare_ranks.items():
-        print(f"tau {tau:g}: " + rank_summary(np.concatenate(ranks), info.counts))
+    ranks = {}   # the rank of the true label, per test positive of a 1-3-document label
+    for tau in args.tau:
+        adjusted = logits - tau * log_prior
+        print_row(f"tau {tau:g}", adjusted, truth, weights)
+        ranks[f"tau {tau:g}"] = true_label_ranks(adjusted, rare_documents, rare_labels)
+    if args.alpha:
+        validation = read_predictions(args.run_dir / "validation_predictions.safetensors", len(names),
+                                      "rerun the run with a validation split",
+                                      training_rows=dataset.train_labels.shape[0]).rows
+        validation_logits, _ = logits_of(model, config, [dataset.train_texts[row] for row in validation], args.batch)
+        validation_truth = remap_labels(dataset.train_labels[validation], dataset.label_names, names)
+        scales, offsets, lines = fit_bin_calibration(torch.from_numpy(validation_logits),
+                                                     validation_truth[:, :len(names)], info.counts)
+        log_eta = -np.logaddexp(0.0, -(logits * scales.numpy() + offsets.numpy()))             # (N, L)
+        log_inverse_propensity = np.log(weights.inverse[:len(names)])                          # (L,)
+        for alpha in args.alpha:
+            ranked = log_eta + alpha * log_inverse_propensity
+            print_row(f"calibrated, alpha {alpha:g}", ranked, truth, weights)
+            ranks[f"calibrated, alpha {alpha:g}"] = true_label_ranks(ranked, rare_documents, rare_labels)
+        print(f"calibration on {len(validation)} validation rows, per group of bins: " + "; ".join(lines))
+    for name, found in ranks.items():
+        print(f"{name}: " + rank_summary(found, info.counts))
     # where the rows alone put these labels: each logit less the logit of the mean test document, and the cosine
     # of the row with the document less that mean (PIFA's rows start as that cosine)
-    representation = torch.cat(representations)                                               # (N, D)
     mean = representation.mean(dim=0, keepdim=True)                                            # (1, D)
     with torch.no_grad():
         at_mean = model.recaller(mean).float()                                                 # (1, L)

@@ -208,6 +208,9 @@ class EpochContext:
     training_labels: (N, L) 0/1 csr, the labels of the training documents (rows as document_embeddings', columns
         the model's L labels in label-id order: labels only the test set has are not among them), e.g. to start
         each label's weights at the mean of its documents; None where the caller has none.
+    validation_labels: (V, L) 0/1 csr, the labels of the run's validation documents (columns as
+        training_labels'), e.g. to calibrate scores on documents training never saw; None without a validation
+        split. validation_embeddings() -> (V, D) float32: the encoder's representation of those documents.
     """
 
     stage: "Stage"
@@ -222,6 +225,8 @@ class EpochContext:
     final: bool = False
     ranker: "Ranker | None" = None
     training_labels: "sp.csr_matrix | None" = None
+    validation_labels: "sp.csr_matrix | None" = None
+    map_validation: Callable[[Callable, int], torch.Tensor] | None = None
 
     def document_embeddings(self) -> torch.Tensor:
         """(N, D) float32, computed once per event."""
@@ -234,6 +239,14 @@ class EpochContext:
         if "labels" not in self.cache:
             self.cache["labels"] = self.map_labels(self.encoder, self.encoder.out_dim)
         return self.cache["labels"]
+
+    def validation_embeddings(self) -> torch.Tensor:
+        """(V, D) float32, computed once per event; only where validation_labels is not None."""
+        if self.map_validation is None:
+            raise ValueError("this event has no validation documents (EpochContext.validation_labels is None)")
+        if "validation" not in self.cache:
+            self.cache["validation"] = self.map_validation(self.encoder, self.encoder.out_dim)
+        return self.cache["validation"]
 
 
 class LifecycleEvents:

@@ -72,6 +72,8 @@ class Trainer:
     label_info: the run's LabelInfo, which lifecycle events hand to the components (xmcbench.interfaces).
     label_tokens: () -> TokenizedTexts of the label texts (the names of labels without one), for components that
         ask for label embeddings (called at most once, when first needed).
+    validation: (TokenizedTexts, (V, L) 0/1 csr) of the validation documents, which lifecycle events offer the
+        components (EpochContext.validation_embeddings, validation_labels); None without a validation split.
     """
 
     def __init__(self, model: XMCModel, tokens: TokenizedTexts, labels: sp.csr_matrix, config: TrainConfig,
@@ -79,8 +81,10 @@ class Trainer:
                  checkpoint_dir=None, stages: tuple[Stage, ...] = JOINT_TRAINING,
                  dist: Distributed | None = None, callbacks: tuple[TrainingCallback, ...] = (),
                  label_info: LabelInfo | None = None,
-                 label_tokens: Callable[[], TokenizedTexts] | None = None) -> None:
+                 label_tokens: Callable[[], TokenizedTexts] | None = None,
+                 validation: tuple[TokenizedTexts, sp.csr_matrix] | None = None) -> None:
         self.model, self.tokens, self.labels, self.config, self.device = model, tokens, labels, config, device
+        self.validation = validation
         self.label_info, self._label_tokens_of, self._label_tokens = label_info, label_tokens, None
         self.checkpoint_dir, self.stages = checkpoint_dir, stages
         self.dist = dist or Distributed()
@@ -274,6 +278,12 @@ class Trainer:
                                                                                 f"encoding the label texts for {event}"),
                               recalled_clusters=self._recalled_clusters, encoder=model.encoder, final=final,
                               ranker=model.ranker, training_labels=self.labels[:, :model.clusters.num_labels])
+        if self.validation is not None:
+            tokens, labels = self.validation
+            shared.validation_labels = labels[:, :model.clusters.num_labels]
+            shared.map_validation = lambda function, dim: torch.from_numpy(self._map_documents(
+                model, tokens, function, Output((dim,), np.float32, 0.0),
+                f"encoding the validation documents for {event}"))
         for component, depth in takers:
             context = copy.copy(shared)   # the computed embeddings stay shared (EpochContext.cache)
             context.recalled_clusters = lambda top, depth=depth: self._recalled_clusters(top, depth, model)

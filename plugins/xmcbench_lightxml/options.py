@@ -31,4 +31,11 @@ ROW_LR_DOCUMENTS = Option("row_lr_documents", int, 0, "K > 0: each row of a flat
                           "size of its gradient, so a rare label's row, which its many negatives alone push, can lose "
                           "its PIFA start within an epoch. 0: every row learns at head_lr. Needs PIFA rows (head_init "
                           "pifa, or auto on a flat run)", minimum=0)
-RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT, LOGIT_ADJUSTMENT, HOLD_PRIOR, ROW_LR_DOCUMENTS)
+CALIBRATION = Option("calibration", str, "none", "how a flat recaller's label logits are put on one scale before "
+                     "they are ranked: none; bins: once training ends (and before each validation), a Platt fit "
+                     "sigmoid(a z + c) per bin of training documents on the validation rows (xmcbench.calibration), "
+                     "so a bin of frequent labels the model is over-confident on and one of rare labels it is timid "
+                     "on rank by their probability of being relevant. Needs a flat run and a validation split; "
+                     "auto: bins where the run has both, none otherwise",
+                     choices=("none", "bins", "auto"))
+RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT, LOGIT_ADJUSTMENT, HOLD_PRIOR, ROW_LR_DOCUMENTS, CALIBRATION)

@@ -4,9 +4,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from xmcbench.calibration import fit_bin_calibration
 from xmcbench.errors import RefusedSetting, XmcError
 from xmcbench.interfaces import EpochContext, LabelInfo, Recaller
-from xmcbench_lightxml.options import HEAD_INIT, HOLD_PRIOR, LOGIT_ADJUSTMENT, POSITIVE_WEIGHT, ROW_LR_DOCUMENTS
+from xmcbench_lightxml.options import (CALIBRATION, HEAD_INIT, HOLD_PRIOR, LOGIT_ADJUSTMENT, POSITIVE_WEIGHT,
+                                       ROW_LR_DOCUMENTS)
 
 # A PIFA row scores a document by PIFA_SCALE x its cosine to the label's documents (the centred representations
 # divided by their mean length): a label seen once starts about PIFA_SCALE logits above its prior on its own
@@ -18,18 +20,55 @@ PIFA_MIN_SPREAD = 0.1
 # hold_prior's running mean of the training representations moves this far toward each training batch's mean: about
 # the last 100 batches count, so it follows the encoder as it trains without taking one batch's noise.
 CENTRE_MOMENTUM = 0.01
+CALIBRATION_NEEDS_VALIDATION = ("options.calibration=bins fits its scales on the validation rows, and this run has "
+                                "none: --set validation_size=N (e.g. 10 % of the training documents), or drop the "
+                                "option")
 
 
 class ClusterLinearRecaller(Recaller):
-    """(B, D) -> (B, K) cluster logits."""
+    """(B, D) -> (B, K) cluster logits.
+
+    With calibration (options.calibration=bins; auto on a flat run with a validation split): in eval mode the
+    logits are a_l z_l + c_l, the (L,)
+    buffers `calibration_scales` and `calibration_offsets`, which `finalize` fits on the validation rows
+    (xmcbench.calibration) before each validation and once training ends; training reads z_l itself."""
 
     def __init__(self, in_dim: int, num_clusters: int, bias: bool = True) -> None:
         super().__init__()
         self.num_clusters = num_clusters
         self.linear = nn.Linear(in_dim, num_clusters, bias=bias)
+        self.calibrated = False
+
+    def add_calibration(self) -> None:
+        """Register the calibration buffers (only then: the checkpoints of runs without it keep their tensors)."""
+        self.calibrated = True
+        self.register_buffer("calibration_scales", torch.ones(self.num_clusters))
+        self.register_buffer("calibration_offsets", torch.zeros(self.num_clusters))
+
+    def logits(self, representation: torch.Tensor) -> torch.Tensor:
+        """(B, D) -> (B, K) the uncalibrated logits, which training reads."""
+        return self.linear(representation)
 
     def forward(self, representation: torch.Tensor) -> torch.Tensor:
-        return self.linear(representation)
+        logits = self.logits(representation)
+        if self.calibrated and not self.training:
+            logits = (logits * self.calibration_scales.to(logits.dtype)
+                      + self.calibration_offsets.to(logits.dtype))
+        return logits
+
+    @torch.no_grad()
+    def finalize(self, context: EpochContext) -> None:
+        if not self.calibrated:
+            return
+        if context.validation_labels is None:
+            raise XmcError(CALIBRATION_NEEDS_VALIDATION)
+        if context.validation_labels.shape[1] != self.num_clusters:
+            return   # calibration=auto on label clusters (check_cluster_linear refuses bins there)
+        logits = self.logits(context.validation_embeddings().to(self.linear.weight))                 # (V, L)
+        scales, offsets, _ = fit_bin_calibration(logits.float().cpu(), context.validation_labels,
+                                                 context.label_info.counts)
+        self.calibration_scales.copy_(scales.to(self.calibration_scales))
+        self.calibration_offsets.copy_(offsets.to(self.calibration_offsets))
 
     def rows(self) -> torch.Tensor:
         """(K, D) the rows the logits use."""
@@ -111,8 +150,8 @@ class PifaInitialisedRecaller(ClusterLinearRecaller):
         scores = nn.functional.linear(representation, self.linear.weight) * self.row_scales.to(representation.dtype)
         return scores if self.linear.bias is None else scores + self.linear.bias
 
-    def forward(self, representation: torch.Tensor) -> torch.Tensor:
-        """(B, D) -> (B, L) label logits."""
+    def logits(self, representation: torch.Tensor) -> torch.Tensor:
+        """(B, D) -> (B, L) label logits, uncalibrated."""
         if not self.hold_prior:
             return self.row_scores(representation)
         if self.training and bool(self.initialised):
@@ -181,10 +220,12 @@ def build_cluster_linear(config, in_dim: int, num_clusters: int) -> ClusterLinea
     pifa = HEAD_INIT.value_of(config) in ("pifa", "auto")   # auto: whether the run is flat is known at start_epoch
     kind = {(False, False): ClusterLinearRecaller, (True, False): PropensityWeightedRecaller,
             (False, True): PifaInitialisedRecaller, (True, True): PifaPropensityRecaller}[propensity, pifa]
-    if pifa:
-        return kind(in_dim, num_clusters, LOGIT_ADJUSTMENT.value_of(config), HOLD_PRIOR.value_of(config),
-                    ROW_LR_DOCUMENTS.value_of(config))
-    return kind(in_dim, num_clusters)
+    recaller = (kind(in_dim, num_clusters, LOGIT_ADJUSTMENT.value_of(config), HOLD_PRIOR.value_of(config),
+                     ROW_LR_DOCUMENTS.value_of(config)) if pifa else kind(in_dim, num_clusters))
+    calibration = CALIBRATION.value_of(config)
+    if calibration == "bins" or (calibration == "auto" and config.validation_size):
+        recaller.add_calibration()   # auto on label clusters: finalize leaves the logits as they are
+    return recaller
 
 
 def check_cluster_linear(config, label_info: LabelInfo) -> None:
@@ -207,6 +248,12 @@ def check_cluster_linear(config, label_info: LabelInfo) -> None:
         if is_set and (HEAD_INIT.value_of(config) == "random" or not flat):
             raise RefusedSetting(f"{option} {why}, so it needs a flat run (--set cluster_size=1) and head_init pifa "
                                  "or auto; drop it otherwise")
+    if CALIBRATION.value_of(config) == "bins" and not flat:
+        raise RefusedSetting("options.calibration=bins fits each bin of label frequencies on its labels' logits, so it "
+                             "needs one label per cluster (a flat run: --set cluster_size=1); drop it for a run with "
+                             "label clusters")
+    if CALIBRATION.value_of(config) == "bins" and not config.validation_size:
+        raise RefusedSetting(CALIBRATION_NEEDS_VALIDATION)
     if HEAD_INIT.value_of(config) == "pifa" and not flat:
         raise RefusedSetting("options.head_init=pifa starts each label's row at its documents, so it needs one label "
                              "per cluster (a flat run: --set cluster_size=1); drop it for a run with label clusters")

@@ -175,7 +175,9 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
                       stages=stages, dist=dist,
                       callbacks=[ValidationLog(log, config), *training_loggers(registry, config, output)]
                       if dist.is_main else (),
-                      label_info=run_labels, label_tokens=label_tokens)
+                      label_info=run_labels, label_tokens=label_tokens,
+                      validation=(validation_tokens, dataset.train_labels[validation_rows])
+                      if len(validation_rows) else None)
     if resume:
         state = load_checkpoint(output / "checkpoints")
         if state is not None:
