@@ -13,10 +13,11 @@ import scipy.sparse as sp
 import torch
 from safetensors.torch import load_file
 
-from xmcbench.calibration import fit_bin_calibration, frequency_bin_of
+from xmcbench.calibration import fit_bin_calibration
 from xmcbench.config import Stage, TrainConfig
 from xmcbench.errors import RefusedSetting, XmcError
 from xmcbench.interfaces import EpochContext, LabelInfo
+from xmcbench.metrics import frequency_bin_of
 from xmcbench.registry import build_registry
 from xmcbench.runs import launch
 from xmcbench.runs.plan import plan_run

@@ -19,17 +19,11 @@ import torch
 from torch import nn
 
 from xmcbench.fusion import weight_bin_groups
-from xmcbench.metrics import FREQUENCY_BINS
+from xmcbench.metrics import FREQUENCY_BINS, frequency_bin_of
 
-__all__ = ["frequency_bin_of", "fit_bin_calibration"]
+__all__ = ["fit_bin_calibration"]
 
 LBFGS_ITERATIONS = 100
-
-
-def frequency_bin_of(counts: np.ndarray) -> np.ndarray:
-    """(L,) training documents per label -> (L,) the index of its metrics.FREQUENCY_BINS bin."""
-    lows = np.array([low for low, _ in FREQUENCY_BINS])
-    return np.searchsorted(lows, np.asarray(counts), side="right") - 1
 
 
 def fit_bin_calibration(logits: torch.Tensor, truth: sp.csr_matrix, counts: np.ndarray
@@ -38,8 +32,8 @@ def fit_bin_calibration(logits: torch.Tensor, truth: sp.csr_matrix, counts: np.n
 
     logits: (V, L) float32 of the validation documents; truth: (V, L) 0/1 csr; counts: (L,) training documents
     per label. Returns scales (L,) and offsets (L,) such that sigmoid(scales * logits + offsets) estimates each
-    label's probability, and one line per group for the log. Labels of a group without validation positives
-    (every group, when all hold fewer than MIN_BIN_POSITIVES together) keep scale 1 and offset 0."""
+    label's probability, and one line per group for the log. When all bins together hold fewer than
+    MIN_BIN_POSITIVES validation positives there is no group, and every label keeps scale 1 and offset 0."""
     bins = frequency_bin_of(counts)
     truth = sp.csr_matrix(truth)
     positives_per_label = np.asarray(truth.sum(axis=0)).ravel()

@@ -34,7 +34,8 @@ import scipy.sparse
 from xmcbench.errors import XmcError
 
 __all__ = ["propensity_scores", "top_k", "evaluate", "format_metrics", "FREQUENCY_BINS", "frequency_bin_names",
-           "MetricFamily", "Ranking", "BUILTIN_FAMILIES", "selection_metrics", "metric_order", "parse_at_k"]
+           "frequency_bin_of", "MetricFamily", "Ranking", "BUILTIN_FAMILIES", "selection_metrics", "metric_order",
+           "parse_at_k"]
 
 # (fewest, most) training documents of the labels in a bin; None: no upper end. See the module docstring.
 FREQUENCY_BINS = ((0, 0), (1, 1), (2, 3), (4, 10), (11, 30), (31, 100), (101, 300), (301, 1000), (1001, None))
@@ -166,6 +167,12 @@ def frequency_bin_names() -> list[str]:
     return names
 
 
+def frequency_bin_of(counts: np.ndarray) -> np.ndarray:
+    """(L,) training documents per label -> (L,) int64, the index of its FREQUENCY_BINS bin."""
+    upper_ends = np.array([np.inf if high is None else high for _, high in FREQUENCY_BINS])
+    return np.searchsorted(upper_ends, np.asarray(counts), side="left")
+
+
 def _frequency_bins(predicted: np.ndarray, hits: np.ndarray, truth: scipy.sparse.csr_matrix,
                     label_counts: np.ndarray, k: int, gains: np.ndarray | None, ideal_total: float) -> dict:
     """P@k (and PSP@k) split over the bins of training label frequency; see evaluate()."""
@@ -177,8 +184,7 @@ def _frequency_bins(predicted: np.ndarray, hits: np.ndarray, truth: scipy.sparse
     counts = counts.astype(np.float64)
     if not np.all(np.isfinite(counts)) or np.any(counts < 0):
         raise XmcError("label_counts must be finite and non-negative")
-    upper_ends = np.array([np.inf if high is None else high for _, high in FREQUENCY_BINS])
-    label_bin = np.searchsorted(upper_ends, counts, side="left")        # (L,) bin index of every label
+    label_bin = frequency_bin_of(counts)                                  # (L,) bin index of every label
     num_bins = len(FREQUENCY_BINS)
     labels_per_bin = np.bincount(label_bin, minlength=num_bins)
     positives_per_bin = np.bincount(label_bin[truth.indices], minlength=num_bins)
