@@ -76,6 +76,17 @@ def logits_of(model, config, texts: list[str], batch: int) -> tuple[np.ndarray, 
     return np.concatenate(logits), torch.cat(representations)
 
 
+def load_flat_run(run_dir: Path):
+    """A saved flat run -> (model, config, label names, its dataset as the run read it, label info, config.json)."""
+    registry = build_registry()
+    model, config, names = load_model(run_dir, registry)
+    if not model.is_flat:
+        raise SystemExit(f"{run_dir} is not a flat run: its recaller scores clusters, not labels")
+    recorded = json.loads((run_dir / "config.json").read_text())
+    dataset = open_dataset(registry, recorded["dataset"], None, reading_of(recorded))
+    return model, config, names, dataset, load_label_info(run_dir / "model", names, "re-run training"), recorded
+
+
 def print_row(name: str, scores: np.ndarray, truth, weights) -> None:
     """One table row: the metrics of ranking (N, L) scores, and PSP@5 from three groups of rare labels."""
     top = np.argsort(-scores, axis=1, kind="stable")[:, :10]
@@ -98,13 +109,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    registry = build_registry()
-    model, config, names = load_model(args.run_dir, registry)
-    if not model.is_flat:
-        raise SystemExit(f"{args.run_dir} is not a flat run: its recaller scores clusters, not labels")
-    recorded = json.loads((args.run_dir / "config.json").read_text())
-    dataset = open_dataset(registry, recorded["dataset"], None, reading_of(recorded))
-    info = load_label_info(args.run_dir / "model", names, "re-run training")
+    model, config, names, dataset, info, recorded = load_flat_run(args.run_dir)
     documents = recorded["resolved"]["train_docs"]
     log_prior = np.log((info.counts + 1.0) / (documents + 2.0))                        # (L,)
     # every test label, those unseen in training in extra columns, so PSP@k is normalised as metrics.json's

@@ -29,7 +29,6 @@ so the head's ranking of its frequent labels stays its own. --cache FILE keeps t
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -38,17 +37,12 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from xmcbench.formats import open_dataset
 from xmcbench.fusion import FUSION_OBJECTIVE, objective, weight_bin_groups
-from xmcbench.labels import load_label_info
 from xmcbench.metrics import FREQUENCY_BINS, evaluate, frequency_bin_of
-from xmcbench.models import load_model
-from xmcbench.registry import build_registry
-from xmcbench.rundir import reading_of
 from xmcbench.runs.splits import split_train_rows
 from xmcbench.scoring import propensities, remap_labels
 
-from logit_adjustment import logits_of, print_row, rank_summary, rare_positives, true_label_ranks
+from logit_adjustment import load_flat_run, logits_of, print_row, rank_summary, rare_positives, true_label_ranks
 
 BETAS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 SEARCH_PASSES = 2
@@ -139,13 +133,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    registry = build_registry()
-    model, config, names = load_model(args.run_dir, registry)
-    if not model.is_flat:
-        raise SystemExit(f"{args.run_dir} is not a flat run: its recaller scores clusters, not labels")
-    recorded = json.loads((args.run_dir / "config.json").read_text())
-    dataset = open_dataset(registry, recorded["dataset"], None, reading_of(recorded))
-    info = load_label_info(args.run_dir / "model", names, "re-run training")
+    model, config, names, dataset, info, _ = load_flat_run(args.run_dir)
     train_rows, validation_rows = split_train_rows(dataset, config)
     if not len(validation_rows):
         raise SystemExit(f"{args.run_dir} has no validation rows to choose beta on; use a run with validation_size > 0")
