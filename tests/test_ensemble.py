@@ -19,7 +19,7 @@ from xmcbench.cli import app
 from xmcbench.config import TrainConfig
 from xmcbench.data import load_dataset_from_path
 from xmcbench.errors import XmcError
-from xmcbench.metrics import format_metrics
+from xmcbench.metrics import evaluate, format_metrics
 from xmcbench.registry import build_registry
 from xmcbench.testing import write_tiny_dataset
 from xmcbench.runs import launch
@@ -82,13 +82,42 @@ def test_weighted_fusion_gives_the_weight_to_the_member_that_is_right_on_validat
     weights, chosen, tried = fusion_rules.choose_weights(labels, normalised, truth, inv_propensity, top_k=5)
     # the noise can only displace the good member's filler labels at a small weight: ties go to the weights
     # closest to equal, so the noise keeps a little weight, never more than the good member's objective allows
-    assert tried == 11 and weights[0] >= 0.8 and weights[1] <= 0.2 and sum(weights) == pytest.approx(1.0)
-    good_alone = ensemble.evaluate(labels[0], truth, ks=(1, 5), inv_propensity=inv_propensity)
+    assert tried == 21 and weights[0] >= 0.8 and weights[1] <= 0.2 and sum(weights) == pytest.approx(1.0)
     assert chosen["P@1"] == pytest.approx(100.0)
-    assert chosen["objective"] == pytest.approx((good_alone["P@1"] + good_alone["PSP@5"]) / 2)
+    # the noise adds nothing, so the best the fusion can do is to tie the good member: a lead of 0
+    assert chosen["objective"] == pytest.approx(0.0)
     # the members swapped: the weights follow the member, not the position
     swapped, _, _ = fusion_rules.choose_weights(labels[::-1], normalised[::-1], truth, inv_propensity, top_k=5)
     assert swapped == weights[::-1]
+
+
+def test_the_objective_is_the_smallest_lead_over_any_member_in_p1_or_psp5():
+    alone = [{"P@1": 90.0, "PSP@5": 60.0}, {"P@1": 85.0, "PSP@5": 62.0}]
+    assert fusion_rules.objective({"P@1": 91.0, "PSP@5": 62.5}, alone) == pytest.approx(0.5)
+    assert fusion_rules.objective({"P@1": 92.0, "PSP@5": 61.0}, alone) == pytest.approx(-1.0), "behind in PSP@5"
+
+    # two true labels per document, a (frequent) and b (rare). Member "precise" ranks a first on 4 documents in 5 and
+    # second on the fifth, and never finds b; member "broad" ranks a first on 3 in 5 (the fifth among them) and
+    # always finds b, third. Where w, precise's weight, lies in (0.5, 0.8), a fifth-document a is first as well:
+    # every a is first, so the fusion beats precise in P@1 and PSP@5 (b) and broad in both (the a it misses)
+    num_docs = 100
+    # (fillers take the lower ids, so a tie of scores, which goes to the lower id, never favours a)
+    a, b, filler = 300 + np.arange(num_docs), 400 + np.arange(num_docs), 3 * np.arange(num_docs)
+    truth = scipy.sparse.csr_matrix((np.ones(2 * num_docs), (np.repeat(np.arange(num_docs), 2),
+                                                             np.stack([a, b], 1).ravel())), shape=(num_docs, 500))
+    empty = np.full(num_docs, -1)
+    precise_first = np.arange(num_docs) % 5 != 0
+    broad_first = np.arange(num_docs) % 5 <= 2
+    precise = np.stack([np.where(precise_first, a, filler), np.where(precise_first, filler, a), empty, empty, empty], 1)
+    broad = np.stack([np.where(broad_first, a, filler + 1), filler + 2, b, empty, empty], 1)
+    normalised = [np.tile([1.0, 0.75, 0.0, 0.0, 0.0], (num_docs, 1)), np.tile([1.0, 0.75, 0.5, 0.0, 0.0], (num_docs, 1))]
+    inv_propensity = np.where(np.arange(500) >= 400, 3.0, 1.0)
+    weights, chosen, _ = fusion_rules.choose_weights([precise, broad], normalised, truth, inv_propensity, top_k=5)
+    alone = fusion_rules.members_alone([precise, broad], truth, inv_propensity)
+    assert alone[0]["P@1"] == pytest.approx(80.0) and alone[1]["P@1"] == pytest.approx(60.0)
+    assert chosen["P@1"] == pytest.approx(100.0) and chosen["PSP@5"] > max(member["PSP@5"] for member in alone)
+    assert chosen["objective"] == pytest.approx(fusion_rules.objective(chosen, alone)) and chosen["objective"] > 0
+    assert 0.5 < weights[0] < 0.8
 
 
 def members_right_in_different_bins(num_docs=120, num_labels=40, k=5):
@@ -130,8 +159,9 @@ def test_weights_per_bin_take_each_member_where_it_is_right():
     rule = fusion_rules.Fusion("weighted", weights, [fusion_rules.score_quantiles(l, s, 5) for l, s in zip(labels, scores)],
                            bin_weights=table.T.tolist(), label_bins=label_bins)
     fused_labels, _ = fusion_rules.fuse(labels, scores, 5, rule)
-    metrics = ensemble.evaluate(fused_labels, truth, ks=(1, 5), inv_propensity=inv_propensity)
-    assert (metrics["P@1"] + metrics["PSP@5"]) / 2 == pytest.approx(per_bin["objective"])
+    metrics = evaluate(fused_labels, truth, ks=(1, 5), inv_propensity=inv_propensity)
+    alone = fusion_rules.members_alone(labels, truth, inv_propensity)
+    assert fusion_rules.objective(metrics, alone) == pytest.approx(per_bin["objective"])
     terms = fusion_rules.weighted_scores(labels, normalised, table, None, label_bins)
     first = labels[0][0, 0]
     assert terms[0][0, 0] == pytest.approx(table[0, label_bins[first]] * normalised[0][0, 0])
@@ -214,8 +244,10 @@ def test_normalise_is_the_validation_distribution_function():
     np.testing.assert_allclose(fusion_rules.normalise(np.array([-5.0, 0.0, 0.5, 1.0, 2.0, 9.0]), quantiles),
                                [0.0, 0.0, 0.25, 0.5, 1.0, 1.0])
     assert fusion_rules.normalise(np.array([3.0, -3.0]), np.array([7.0])).tolist() == [0.5, 0.5]
-    # steps of 1/10: 11 splits for two members; 66 for three, plus equal thirds, which tenths miss
-    assert len(fusion_rules.weight_grid(2)) == 11 and len(fusion_rules.weight_grid(3)) == 67
+    # steps of 1/20: 21 splits for two members; 231 for three, plus equal thirds, which twentieths miss; four
+    # members in tenths (286 and equal quarters)
+    assert len(fusion_rules.weight_grid(2)) == 21 and len(fusion_rules.weight_grid(3)) == 232
+    assert len(fusion_rules.weight_grid(4)) == 287
     assert all(sum(w) == pytest.approx(1.0) for w in fusion_rules.weight_grid(7))
     assert len(fusion_rules.weight_grid(7)) <= fusion_rules.MAX_GRID_POINTS and (1 / 7,) * 7 in fusion_rules.weight_grid(7)
 
@@ -433,7 +465,7 @@ def test_weighted_ensemble_round_trip(hybrid, tmp_path):
     assert spec["schema"] == 2 and fusion["rule"] == "weighted" and fusion["normalisation"] == "validation-quantiles"
     assert len(fusion["weights"]) == 2 and sum(fusion["weights"]) == pytest.approx(1.0)
     assert fusion["member_methods"] == ["lightxml", "lightxml-random-neg"] and fusion["validation_documents"] == 8
-    assert fusion["objective"] == "(P@1 + PSP@5) / 2" and len(fusion["quantiles"]) == 2
+    assert fusion["objective"] == fusion_rules.FUSION_OBJECTIVE and len(fusion["quantiles"]) == 2
     config = json.loads((directory / "config.json").read_text())
     assert config["method"] == "weighted-ensemble(lightxml+lightxml-random-neg)"
     assert config["fusion"]["weights"] == fusion["weights"] and "quantiles" not in config["fusion"]
@@ -551,6 +583,8 @@ def test_report_of_tiny_runs_shows_head_and_tail_and_the_fusion(hybrid, tmp_path
     weights = json.loads((weighted / "ensemble.json").read_text())["fusion"]["weights"]
     assert ("- weighted-ensemble(lightxml+lightxml-random-neg): each member's scores normalised" in text
             and f"seed 3: lightxml {weights[0]:g}, lightxml-random-neg {weights[1]:g}" in text)
+    chosen = json.loads((weighted / "ensemble.json").read_text())["fusion"]["validation"]
+    assert f"(validation P@1 / PSP@5 {chosen['P@1']:.2f} / {chosen['PSP@5']:.2f}; members alone " in text
     tables = report.summarize_frequency_bins(runs)
     assert len(tables) == 1 and len(tables[0]["rows"]) == 4
     for row in tables[0]["rows"]:   # a row's bins add up to its P@5

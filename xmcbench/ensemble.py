@@ -56,11 +56,10 @@ from xmcbench.config import TrainConfig
 from xmcbench.errors import DamagedModel, XmcError
 from xmcbench.formats import open_dataset
 from xmcbench.fusion import FUSION_OBJECTIVE, FUSION_RULES, MIN_BIN_POSITIVES, WEIGHT_BIN_NAMES, WEIGHT_BINS, Fusion, \
-    choose_bin_weights, choose_weights, describe_weights, fuse, normalise, objective, score_quantiles, \
+    choose_bin_weights, choose_weights, describe_weights, fuse, members_alone, normalise, score_quantiles, \
     weight_bin_groups, weight_group_name
 from xmcbench.inference import Predictions
 from xmcbench.labels import load_label_info
-from xmcbench.metrics import evaluate
 from xmcbench.models import load_model, predict_documents, saved_zero_shot_mask
 from xmcbench.prediction_files import read_predictions
 from xmcbench.registry import Registry, build_registry
@@ -315,10 +314,7 @@ def fit_fusion(members: list[Member], dataset, top_k: int) -> Fusion:
     normalised = [normalise(member_scores[:, :top_k], q) for member_scores, q in zip(scores, quantiles)]
     sizes = [len(member.label_names) for member in members]
     weights, chosen, tried = choose_weights(top_lists, normalised, truth, inv_propensity, top_k, sizes)
-    alone = []
-    for member_labels in top_lists:
-        metrics = evaluate(member_labels, truth, ks=(1, 5), inv_propensity=inv_propensity)
-        alone.append({"P@1": metrics["P@1"], "PSP@5": metrics["PSP@5"], "objective": objective(metrics)})
+    alone = members_alone(top_lists, truth, inv_propensity)
     record = {"member_methods": [member.method for member in members], "objective": FUSION_OBJECTIVE,
               "validation_documents": int(len(rows)), "weight_combinations_tried": tried,
               "validation": chosen, "validation_members_alone": alone}
@@ -435,7 +431,7 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
                            "another member was not")
         rule = fit_fusion(members, dataset, top_k)
         log(f"weighted fusion: weights {describe_weights(rule)}, chosen on {rule.record['validation_documents']} "
-            f"validation documents ({FUSION_OBJECTIVE} {rule.record['validation']['objective']:.2f})")
+            f"validation documents ({FUSION_OBJECTIVE}: {rule.record['validation']['objective']:+.2f})")
     else:
         rule = Fusion()
     saved = _saved_predictions(members, dataset, top_k) if same_data else None

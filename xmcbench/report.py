@@ -1116,10 +1116,13 @@ def _fusion_lines(groups: list[_Group], several_datasets: bool) -> list[str]:
             if isinstance(bin_weights, list) and isinstance(bins, list) and len(bins) == len(bin_weights):
                 weights = "per bin of training documents, " + "; ".join(
                     f"{markdown_text(name)}: {listed(row)}" for name, row in shared_bin_weights(bins, bin_weights))
-            chosen = (fusion.get("validation") or {}).get("objective")
-            alone = [a.get("objective") for a in fusion.get("validation_members_alone") or []]
-            if _is_number(chosen) and alone and all(_is_number(a) for a in alone):
-                weights += f" (validation {chosen:.2f}; members alone " + " / ".join(f"{a:.2f}" for a in alone) + ")"
+            chosen = fusion.get("validation") or {}
+            alone = fusion.get("validation_members_alone") or []
+            shown = [chosen, *alone]
+            if alone and all(isinstance(figures, dict) and _is_number(figures.get("P@1"))
+                             and _is_number(figures.get("PSP@5")) for figures in shown):
+                pairs = [f"{figures['P@1']:.2f} / {figures['PSP@5']:.2f}" for figures in shown]
+                weights += f" (validation P@1 / PSP@5 {pairs[0]}; members alone " + ", ".join(pairs[1:]) + ")"
             per_seed.append(f"seed {seed}: {weights}")
         lines.append(f"- {name}: each member's scores normalised by its own validation scores (their empirical "
                      f"distribution), weights chosen on {markdown_text(first.get('validation_documents', '?'))} "
