@@ -1,0 +1,72 @@
+"""Does each hybrid beat every member? Test P@1 and PSP@5 of ensembles beside their members', and the smallest lead.
+
+Reads each ensemble's metrics.json and ensemble.json (its members' folders, whose metrics.json give the members'
+figures; nothing is predicted again) and prints one Markdown row per ensemble: each member's P@1 / PSP@5, the
+ensemble's, and its smallest lead over any member in P@1 or in PSP@5 (the weighted fusion's objective, here on the
+test set). With two folders of ensembles built from the same members by two versions of xmcbench (`--against`), each
+row shows both and the summary pairs them.
+
+    python benchmarks/hybrid_leads.py ENSEMBLES_DIR [--against OTHER_ENSEMBLES_DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def figures(directory: Path) -> tuple[float, float]:
+    metrics = json.loads((directory / "metrics.json").read_text())
+    return metrics["P@1"], metrics["PSP@5"]
+
+
+def members_of(ensemble: Path) -> list[Path]:
+    return [(ensemble / member).resolve() for member in json.loads((ensemble / "ensemble.json").read_text())["members"]]
+
+
+def smallest_lead(hybrid: tuple[float, float], members: list[tuple[float, float]]) -> float:
+    return min(min(hybrid[0] - member[0], hybrid[1] - member[1]) for member in members)
+
+
+def summary(name: str, leads: list[float]) -> str:
+    found = np.asarray(leads)
+    return (f"{name}: beats every member in both on {int(np.sum(found > 0))} of {len(found)}; smallest lead mean "
+            f"{found.mean():+.2f}, worst {found.min():+.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("ensembles", type=Path, help="folder of ensemble folders")
+    parser.add_argument("--against", type=Path, help="folder of ensembles of the same names, built another way")
+    args = parser.parse_args()
+    names = sorted(path.name for path in args.ensembles.iterdir() if (path / "metrics.json").is_file())
+    if args.against:
+        names = [name for name in names if (args.against / name / "metrics.json").is_file()]
+    columns = [args.ensembles] + ([args.against] if args.against else [])
+    print("| ensemble | members: P@1 / PSP@5 | " + " | ".join(f"{c.name}: P@1 / PSP@5 (smallest lead)" for c in columns)
+          + " |")
+    print("|---|---|" + "---|" * len(columns))
+    leads = {column: [] for column in columns}
+    for name in names:
+        members = [figures(member) for member in members_of(args.ensembles / name)]
+        cells = []
+        for column in columns:
+            hybrid = figures(column / name)
+            leads[column].append(smallest_lead(hybrid, members))
+            cells.append(f"{hybrid[0]:.2f} / {hybrid[1]:.2f} ({leads[column][-1]:+.2f})")
+        shown = ", ".join(f"{p1:.2f} / {psp5:.2f}" for p1, psp5 in members)
+        print(f"| {name} | {shown} | " + " | ".join(cells) + " |")
+    print()
+    for column in columns:
+        print(summary(str(column), leads[column]))
+    if args.against:
+        difference = np.asarray(leads[args.ensembles]) - np.asarray(leads[args.against])
+        print(f"{args.ensembles} against {args.against}, pair by pair: {int(np.sum(difference > 0))} higher, "
+              f"{int(np.sum(difference < 0))} lower, {int(np.sum(difference == 0))} equal smallest leads")
+
+
+if __name__ == "__main__":
+    main()
