@@ -13,9 +13,10 @@ with u(x) the unit-length representation less the training documents' mean, and 
 - `knn`: sum over x's K nearest training documents j (by u) of cos(u(x), u(j)) if j carries l, divided by K.
 
 beta is chosen on the run's validation rows (their rows are the run's own split), never on test: coordinate ascent
-over the groups of bins, each group taking the value of BETAS that maximises (P@1 + PSP@5) / 2 (OBJECTIVE; here
-the flat run is the only member, so the weighted fusion's smallest lead over each member does not apply). Groups are adjacent frequency bins holding at least fusion.MIN_BIN_POSITIVES validation positives
-(fusion.weight_bin_groups), as the calibration and the weighted fusion group them. It prints the test metrics of
+over the groups of bins, each group taking the value of BETAS that maximises (P@1 + PSP@5) / 2 (OBJECTIVE; the
+flat run is the only member, so the weighted fusion's smallest lead over each member does not apply). Groups are
+adjacent frequency bins holding at least fusion.MIN_BIN_POSITIVES validation positives (fusion.weight_bin_groups),
+as the calibration and the weighted fusion group them. It prints the test metrics of
 the logits alone (metrics.json's ranking), and of each memory with its chosen betas, and PSP@5 from the tail bins.
 
 With --most-documents N only labels with at most N training documents take a memory score (beta 0 for the rest),

@@ -110,7 +110,8 @@ def test_the_objective_is_the_smallest_lead_over_any_member_in_p1_or_psp5():
     broad_first = np.arange(num_docs) % 5 <= 2
     precise = np.stack([np.where(precise_first, a, filler), np.where(precise_first, filler, a), empty, empty, empty], 1)
     broad = np.stack([np.where(broad_first, a, filler + 1), filler + 2, b, empty, empty], 1)
-    normalised = [np.tile([1.0, 0.75, 0.0, 0.0, 0.0], (num_docs, 1)), np.tile([1.0, 0.75, 0.5, 0.0, 0.0], (num_docs, 1))]
+    normalised = [np.tile([1.0, 0.75, 0.0, 0.0, 0.0], (num_docs, 1)),
+                  np.tile([1.0, 0.75, 0.5, 0.0, 0.0], (num_docs, 1))]
     inv_propensity = np.where(np.arange(500) >= 400, 3.0, 1.0)
     weights, chosen, _ = fusion_rules.choose_weights([precise, broad], normalised, truth, inv_propensity, top_k=5)
     alone = fusion_rules.members_alone([precise, broad], truth, inv_propensity)
