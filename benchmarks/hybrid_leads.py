@@ -12,19 +12,17 @@ row shows both and the summary pairs them.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 
+from xmcbench.ensemble import read_ensemble
+from xmcbench.storage import read_json
+
 
 def figures(directory: Path) -> tuple[float, float]:
-    metrics = json.loads((directory / "metrics.json").read_text())
+    metrics = read_json(directory / "metrics.json", "the test metrics")
     return metrics["P@1"], metrics["PSP@5"]
-
-
-def members_of(ensemble: Path) -> list[Path]:
-    return [(ensemble / member).resolve() for member in json.loads((ensemble / "ensemble.json").read_text())["members"]]
 
 
 def smallest_lead(hybrid: tuple[float, float], members: list[tuple[float, float]]) -> float:
@@ -51,7 +49,7 @@ def main() -> None:
     print("|---|---|" + "---|" * len(columns))
     leads = {column: [] for column in columns}
     for name in names:
-        members = [figures(member) for member in members_of(args.ensembles / name)]
+        members = [figures(member.path) for member in read_ensemble(args.ensembles / name).members]
         cells = []
         for column in columns:
             hybrid = figures(column / name)
