@@ -18,13 +18,14 @@ scores (ties: lower id first).
   one it is unsure of. Then the fused score is sum over members of w_m * normalised score, with weights
   w_m >= 0 summing to 1 chosen on the validation rows, never on the test set: a grid over the weights
   (steps of 1/20 for up to 3 members, coarser beyond, so at most MAX_GRID_POINTS combinations; equal weights
-  always tried) maximising FUSION_OBJECTIVE on the validation rows: the fusion's smallest lead over any member
+  always tried; every member weighs at least one step, see weight_grid) maximising FUSION_OBJECTIVE on the validation rows: the fusion's smallest lead over any member
   alone, in P@1 or in PSP@5 (objective). A hybrid earns its cost by beating every member on the frequent labels
   (P@1) and on the tail (PSP@5) at once; the mean of P@1 and PSP@5, the objective before, let a gain in one pay
   for a loss in the other against the strongest member, and its optimum sat on a flat ridge where the validation
   rows' noise decided (debian-debtags, seed 2: weights 0.8 / 0.2 led LightXML by 0.53 in P@1 but 0.42 in PSP@5
   on validation, and fell 0.18 short of it in PSP@5 on test). The smallest lead peaks where the two leads cross.
-  Ties go to the weights closest to equal. A member given weight 0 is left out.
+  Ties go to the weights closest to equal. A member at weight 0 (an ensemble.json written before every member
+  took a step) is left out.
   Weights per bin: then the labels are put in weight bins by their training documents (WEIGHT_BINS: at most 3,
   4 to 30, more; the counts the members' models saved in model/label_info.json). Adjacent bins are grouped until
   each group holds at least MIN_BIN_POSITIVES validation positives (weight_bin_groups: a bin short of them shares
@@ -258,15 +259,17 @@ def weighted_scores(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarra
 
 
 def weight_grid(num_members: int) -> list[tuple[float, ...]]:
-    """The weights tried: every split of 1 into num_members shares in steps of 1/n (n = 20, or the finest of
-    10, 5, 4, 3, 2, 1 that keeps the grid within MAX_GRID_POINTS), plus equal weights."""
+    """The weights tried: every split of 1 into num_members shares of at least one step of 1/n (n = 20, or the
+    finest of 10, 5, 4, 3, 2, 1 that keeps the grid within MAX_GRID_POINTS), plus equal weights. No member weighs
+    0: that point is another member alone, whose lead over itself is 0 by construction, untouched by the
+    validation rows' noise, so FUSION_OBJECTIVE would settle there whenever that noise hid a mixture's lead."""
     steps = next(n for n in (20, 10, 5, 4, 3, 2, 1)
-                 if math.comb(n + num_members - 1, num_members - 1) <= MAX_GRID_POINTS)
+                 if math.comb(n - 1, num_members - 1) <= MAX_GRID_POINTS)
     points = []
-    # stars and bars: num_members - 1 bars among steps + num_members - 1 places; the gaps are the shares
-    for bars in itertools.combinations(range(steps + num_members - 1), num_members - 1):
-        edges = (-1, *bars, steps + num_members - 1)
-        points.append(tuple((edges[i + 1] - edges[i] - 1) / steps for i in range(num_members)))
+    # every member takes at least one step: num_members - 1 cuts among the steps - 1 places between steps
+    for cuts in itertools.combinations(range(1, steps), num_members - 1):
+        edges = (0, *cuts, steps)
+        points.append(tuple((edges[i + 1] - edges[i]) / steps for i in range(num_members)))
     equal = tuple(1.0 / num_members for _ in range(num_members))
     if not any(np.allclose(point, equal) for point in points):
         points.append(equal)
