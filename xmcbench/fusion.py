@@ -15,17 +15,17 @@ scores (ties: lower id first).
   member's validation scores, so any strictly increasing change of a member's scores (a factor, a shift, a
   sigmoid) leaves the ensemble unchanged and a few extreme scores cannot dominate; unlike ranks within one
   document it keeps confidence: a member's top label on a document it is sure of outranks its top label on
-  one it is unsure of. Then the fused score is sum over members of w_m * normalised score, with weights
-  w_m > 0 summing to 1 chosen on the validation rows, never on the test set: a grid over the weights
-  (steps of 1/20 for up to 3 members, coarser beyond, so at most MAX_GRID_POINTS combinations; equal weights
-  always tried; every member weighs at least one step, see weight_grid) maximising FUSION_OBJECTIVE on the
-  validation rows: the fusion's smallest lead over any member alone, in P@1 or in PSP@5 (objective). A hybrid earns its cost by beating every member on the frequent labels
-  (P@1) and on the tail (PSP@5) at once; the mean of P@1 and PSP@5, the objective before, let a gain in one pay
-  for a loss in the other against the strongest member, and its optimum sat on a flat ridge where the validation
-  rows' noise decided (debian-debtags, seed 2: weights 0.8 / 0.2 led LightXML by 0.53 in P@1 but 0.42 in PSP@5
-  on validation, and fell 0.18 short of it in PSP@5 on test). The smallest lead peaks where the two leads cross.
-  Ties go to the weights closest to equal. A member at weight 0 (an ensemble.json written before every member
-  took a step) is left out.
+  one it is unsure of. Then the fused score is sum over members of w_m * normalised score, with weights w_m > 0
+  summing to 1 chosen on the validation rows, never on the test set: a grid over the weights (steps of 1/20 for up to
+  3 members, coarser beyond, so at most MAX_GRID_POINTS combinations; equal weights always tried; every member weighs
+  at least one step, see weight_grid) maximising FUSION_OBJECTIVE on the validation rows: the fusion's smallest lead
+  over any member alone, in P@1 or in PSP@5 (objective). A hybrid earns its cost by beating every member on the
+  frequent labels (P@1) and on the tail (PSP@5) at once; the mean of P@1 and PSP@5, the objective before, let a gain
+  in one pay for a loss in the other against the strongest member, and its optimum sat on a flat ridge where the
+  validation rows' noise decided (debian-debtags, seed 2: weights 0.8 / 0.2 led LightXML by 0.53 in P@1 but 0.42 in
+  PSP@5 on validation, and fell 0.18 short of it in PSP@5 on test). The smallest lead peaks where the two leads cross.
+  Ties go to the weights closest to equal. A member at weight 0 (an ensemble.json written before every member took a
+  step) is left out.
   Weights per bin: then the labels are put in weight bins by their training documents (WEIGHT_BINS: at most 3,
   4 to 30, more; the counts the members' models saved in model/label_info.json). Adjacent bins are grouped until
   each group holds at least MIN_BIN_POSITIVES validation positives (weight_bin_groups: a bin short of them shares
