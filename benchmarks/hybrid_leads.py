@@ -2,7 +2,7 @@
 
 Reads each ensemble's metrics.json and ensemble.json (its members' folders, whose metrics.json give the members'
 figures; nothing is predicted again) and prints one Markdown row per ensemble: each member's P@1 / PSP@5, the
-ensemble's, and its smallest lead over any member in P@1 or in PSP@5 (the weighted fusion's objective, here on the
+ensemble's, and its smallest lead over any member in P@1 or in PSP@5 (xmcbench.fusion.objective, here on the
 test set). With two folders of ensembles built from the same members by two versions of xmcbench (`--against`), each
 row shows both and the summary pairs them.
 
@@ -17,16 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from xmcbench.ensemble import read_ensemble
+from xmcbench.fusion import objective
 from xmcbench.storage import read_json
 
 
-def figures(directory: Path) -> tuple[float, float]:
+def figures(directory: Path) -> dict:
     metrics = read_json(directory / "metrics.json", "the test metrics")
-    return metrics["P@1"], metrics["PSP@5"]
-
-
-def smallest_lead(hybrid: tuple[float, float], members: list[tuple[float, float]]) -> float:
-    return min(min(hybrid[0] - member[0], hybrid[1] - member[1]) for member in members)
+    return {"P@1": metrics["P@1"], "PSP@5": metrics["PSP@5"]}
 
 
 def summary(name: str, leads: list[float]) -> str:
@@ -40,6 +37,9 @@ def main() -> None:
     parser.add_argument("ensembles", type=Path, help="folder of ensemble folders")
     parser.add_argument("--against", type=Path, help="folder of ensembles of the same names, built another way")
     args = parser.parse_args()
+    for folder in (args.ensembles, args.against):
+        if folder is not None and not folder.is_dir():
+            raise SystemExit(f"{folder} is not a folder; pass the folder that holds the ensemble folders")
     names = sorted(path.name for path in args.ensembles.iterdir() if (path / "metrics.json").is_file())
     if args.against:
         names = [name for name in names if (args.against / name / "metrics.json").is_file()]
@@ -53,9 +53,9 @@ def main() -> None:
         cells = []
         for column in columns:
             hybrid = figures(column / name)
-            leads[column].append(smallest_lead(hybrid, members))
-            cells.append(f"{hybrid[0]:.2f} / {hybrid[1]:.2f} ({leads[column][-1]:+.2f})")
-        shown = ", ".join(f"{p1:.2f} / {psp5:.2f}" for p1, psp5 in members)
+            leads[column].append(objective(hybrid, members))
+            cells.append(f"{hybrid['P@1']:.2f} / {hybrid['PSP@5']:.2f} ({leads[column][-1]:+.2f})")
+        shown = ", ".join(f"{member['P@1']:.2f} / {member['PSP@5']:.2f}" for member in members)
         print(f"| {name} | {shown} | " + " | ".join(cells) + " |")
     print()
     for column in columns:
