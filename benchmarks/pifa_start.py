@@ -1,8 +1,8 @@
 """What LightXML's PIFA start scores before any training step, and how its bias and scale move the tail.
 
 A flat LightXML run (`options.head_init=auto`) starts row l of its recaller at the mean of l's training documents'
-representations under the pretrained encoder, scaled so that a cosine of 1 adds PIFA_SCALE logits, and its bias at
-the log-odds of l's prior. This script builds that start exactly as a run does (the run's plan, training rows and
+representations under the pretrained encoder, scaled so that a cosine of 1 adds options.pifa_scale logits (5 by
+default), and its bias at the log-odds of l's prior. This script builds that start exactly as a run does (the run's plan, training rows and
 `start_epoch`), scores the test set with it, and re-ranks the same logits under other biases and scales, without
 training:
 

@@ -108,14 +108,16 @@ def pifa_rows(documents: CountingDocuments, labels: sp.csr_matrix) -> torch.Tens
 def test_documents_that_barely_differ_do_not_give_rows_longer_than_their_length_allows():
     """An untrained encoder gives nearly equal representations: dividing by their spread alone would make rows so
     long that dropout's noise moved logits by hundreds."""
-    from xmcbench_lightxml.recaller import PIFA_MIN_SPREAD, PIFA_SCALE
+    from xmcbench_lightxml.options import PIFA_SCALE
+    from xmcbench_lightxml.recaller import PIFA_MIN_SPREAD
     generator = torch.Generator().manual_seed(2)
     documents = CountingDocuments(torch.full((6, 32), 2.0) + 1e-3 * torch.randn(6, 32, generator=generator))
     labels = sp.csr_matrix(np.eye(6, 3, dtype=np.float32))
     recaller = build_cluster_linear(PIFA, 32, 3)
     recaller.start_epoch(context(documents, labels))
     length = float(documents.documents.norm(dim=1).mean())
-    assert recaller.linear.weight.norm(dim=1).detach().numpy() == pytest.approx(PIFA_SCALE / (PIFA_MIN_SPREAD * length))
+    expected = PIFA_SCALE.default / (PIFA_MIN_SPREAD * length)
+    assert recaller.linear.weight.norm(dim=1).detach().numpy() == pytest.approx(expected)
 
 
 def test_without_the_training_labels_it_says_what_is_missing():
@@ -315,3 +317,52 @@ def test_row_lr_documents_without_pifa_rows_is_refused():
     with pytest.raises(RefusedSetting, match="options.row_lr_documents .* head_init pifa or auto"):
         check_cluster_linear(flat, info)
     check_cluster_linear(dataclasses.replace(flat, options={"head_init": "auto", "row_lr_documents": "10"}), info)
+
+
+def test_pifa_scale_sets_how_far_a_row_lifts_its_labels_documents_and_leaves_the_prior():
+    """options.pifa_scale=S: rows of length S / spread, so the logits less the prior scale with S; 0 starts every
+    label at its prior alone."""
+    generator = torch.Generator().manual_seed(3)
+    documents = CountingDocuments(torch.randn(6, 32, generator=generator) * 3 + 1)
+    labels = sp.csr_matrix(np.array([[1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 0], [0, 0, 0]],
+                                    dtype=np.float32))
+    starts = {}
+    for scale in ("5", "2.5", "0"):
+        recaller = build_cluster_linear(dataclasses.replace(PIFA, options={"head_init": "pifa", "pifa_scale": scale}),
+                                        32, 3)
+        recaller.start_epoch(context(documents, labels))
+        with torch.no_grad():
+            starts[scale] = recaller(documents.documents), recaller(documents.documents.mean(dim=0, keepdim=True))
+    default, _ = starts["5"]
+    for scale in ("2.5", "0"):
+        logits, at_mean = starts[scale]
+        assert torch.allclose(at_mean, starts["5"][1], atol=1e-5), "the score at the mean document is the prior's"
+        assert torch.allclose(logits - at_mean, (default - starts["5"][1]) * float(scale) / 5, atol=1e-4)
+    assert torch.allclose(starts["0"][0], starts["0"][1].expand(6, 3), atol=1e-6)
+
+
+def test_pifa_scale_without_pifa_rows_is_refused():
+    info = LabelInfo(("a", "b", "c"), None, np.ones(3, dtype=np.int64), np.ones(3))
+    flat = dataclasses.replace(TrainConfig(), cluster_size=1, options={"head_init": "random", "pifa_scale": "2"})
+    with pytest.raises(RefusedSetting, match="options.pifa_scale sets the length of each PIFA row, so it needs"):
+        check_cluster_linear(flat, info)
+    check_cluster_linear(dataclasses.replace(flat, options={"head_init": "auto", "pifa_scale": "2"}), info)
+
+
+def test_pifa_length_agreement_keeps_a_label_seen_once_and_shortens_one_whose_documents_disagree():
+    """options.pifa_length=agreement: a row's length is that of the mean of its documents' unit vectors, so a label
+    seen once starts as with unit rows, and a label of two opposite documents starts at no direction at all."""
+    documents = CountingDocuments(torch.tensor([[3.0, 0.0, 0.0], [-3.0, 0.0, 0.0], [0.0, 2.0, 0.0],
+                                                [0.0, -2.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, -1.0]]))
+    # label 0: documents 0 and 1 (opposite); label 1: documents 0 and 2 (at right angles); label 2: document 4 only
+    labels = sp.csr_matrix(np.array([[1, 1, 0], [1, 0, 0], [0, 1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0]],
+                                    dtype=np.float32))
+    rows = {}
+    for length in ("unit", "agreement"):
+        recaller = build_cluster_linear(dataclasses.replace(PIFA, options={"head_init": "pifa", "pifa_length": length}),
+                                        3, 3)
+        recaller.start_epoch(context(documents, labels))
+        rows[length] = recaller.linear.weight.detach().norm(dim=1)
+    assert rows["agreement"][2] == pytest.approx(float(rows["unit"][2]))
+    assert rows["agreement"][1] == pytest.approx(float(rows["unit"][1]) / 2 ** 0.5)
+    assert float(rows["agreement"][0]) == pytest.approx(0.0, abs=1e-6)

@@ -13,6 +13,17 @@ HEAD_INIT = Option("head_init", str, "random", "how each label's row of a flat r
                    "label seen once starts at its one document (needs a flat run: one label per cluster); auto "
                    "(lightxml's default): pifa where the run is flat (one row per label), random otherwise",
                    choices=("random", "pifa", "auto"))
+PIFA_SCALE = Option("pifa_scale", float, 5.0, "how many logits a PIFA row adds for a cosine of 1 with its label's "
+                    "documents (the centred representations divided by their mean length): a label seen once starts "
+                    "about this far above its prior on its own document. Smaller starts rare labels closer to their "
+                    "prior, 0 starts every row at zero and every label at its prior. Needs PIFA rows (head_init pifa, "
+                    "or auto on a flat run)", minimum=0.0)
+PIFA_LENGTH = Option("pifa_length", str, "unit", "the length of each PIFA row before options.pifa_scale: unit (every "
+                     "row the same: the direction of its documents' mean); agreement (the length of the mean of its "
+                     "documents' unit vectors: 1 for a label seen once, near 0 for a label whose many documents "
+                     "point every way, so a frequent label starts with little of a direction that barely tells its "
+                     "documents apart). Needs PIFA rows (head_init pifa, or auto on a flat run)",
+                     choices=("unit", "agreement"))
 LOGIT_ADJUSTMENT = Option("logit_adjustment", float, 0.0, "tau of the logit-adjusted recall loss (Menon et al., ICLR "
                           "2021): training reads each label's logit plus tau x the log-odds of its prior, prediction "
                           "the logit alone, so a rare label's row learns to score as if the labels were balanced to "
@@ -38,4 +49,5 @@ CALIBRATION = Option("calibration", str, "none", "how a flat recaller's label lo
                      "on rank by their probability of being relevant. Needs a flat run and a validation split; "
                      "auto: bins where the run has both, none otherwise",
                      choices=("none", "bins", "auto"))
-RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT, LOGIT_ADJUSTMENT, HOLD_PRIOR, ROW_LR_DOCUMENTS, CALIBRATION)
+RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT, PIFA_SCALE, PIFA_LENGTH, LOGIT_ADJUSTMENT, HOLD_PRIOR, ROW_LR_DOCUMENTS,
+                    CALIBRATION)

@@ -7,15 +7,14 @@ from torch import nn
 from xmcbench.calibration import fit_bin_calibration
 from xmcbench.errors import RefusedSetting, XmcError
 from xmcbench.interfaces import EpochContext, LabelInfo, Recaller
-from xmcbench_lightxml.options import (CALIBRATION, HEAD_INIT, HOLD_PRIOR, LOGIT_ADJUSTMENT, POSITIVE_WEIGHT,
-                                       ROW_LR_DOCUMENTS)
+from xmcbench_lightxml.options import (CALIBRATION, HEAD_INIT, HOLD_PRIOR, LOGIT_ADJUSTMENT, PIFA_LENGTH,
+                                       PIFA_SCALE, POSITIVE_WEIGHT, ROW_LR_DOCUMENTS)
 
-# A PIFA row scores a document by PIFA_SCALE x its cosine to the label's documents (the centred representations
-# divided by their mean length): a label seen once starts about PIFA_SCALE logits above its prior on its own
-# document. The divisor is at least PIFA_MIN_SPREAD x the representations' own mean length: where documents barely
-# differ (an untrained encoder), dividing by their tiny spread would give rows so long that dropout's noise on the
-# representation alone moved logits by hundreds. Pretrained MiniLM's spread is 0.22 of its length on the Debian sets.
-PIFA_SCALE = 5.0
+# A PIFA row scores a document by options.pifa_scale x its cosine to the label's documents (the centred
+# representations divided by their mean length). The divisor is at least PIFA_MIN_SPREAD x the representations' own
+# mean length: where documents barely differ (an untrained encoder), dividing by their tiny spread would give rows so
+# long that dropout's noise on the representation alone moved logits by hundreds. Pretrained MiniLM's spread is 0.22
+# of its length on the Debian sets.
 PIFA_MIN_SPREAD = 0.1
 # hold_prior's running mean of the training representations moves this far toward each training batch's mean: about
 # the last 100 batches count, so it follows the encoder as it trains without taking one batch's noise.
@@ -98,10 +97,12 @@ class PropensityWeightedRecaller(ClusterLinearRecaller):
 class PifaInitialisedRecaller(ClusterLinearRecaller):
     """A flat `cluster-linear` whose rows start where PECOS's PIFA puts labels (options.head_init=pifa): row l is
     the mean of the unit-length, centred representations of l's training documents under the encoder as training
-    begins, and its bias the log-odds of l's prior, less the row's score of the mean representation. A label seen
-    once then starts at its one document instead of at random. This happens once, when the first epoch begins;
-    the buffer `initialised` travels with checkpoints, so neither a resumed run nor a later stage redoes it. With
-    head_init=auto on a run with label clusters (one row per cluster, not per label) the rows stay random.
+    begins, as a unit vector (options.pifa_length=unit) or at that mean's own length (agreement), times
+    pifa_scale (options.pifa_scale) / the representations' spread, and its bias the log-odds of l's prior, less the
+    row's score of the mean representation. A label seen once then starts at its one document instead of at random.
+    This happens once, when the first epoch begins; the buffer `initialised` travels with checkpoints, so neither a
+    resumed run nor a later stage redoes it. With head_init=auto on a run with label clusters (one row per cluster,
+    not per label) the rows stay random.
 
     logit_adjustment = tau > 0 (options.logit_adjustment): the recall loss reads logit_l + tau x log-odds_l, l's
     prior's log-odds, kept as the (L,) buffer `loss_offsets`; forward, and so prediction, returns logit_l alone.
@@ -123,8 +124,11 @@ class PifaInitialisedRecaller(ClusterLinearRecaller):
     stays head_lr x weight_decay for every row. `rows()` gives the rows the scores use."""
 
     def __init__(self, in_dim: int, num_clusters: int, logit_adjustment: float = 0.0,
-                 hold_prior: bool = False, row_lr_documents: int = 0) -> None:
+                 hold_prior: bool = False, row_lr_documents: int = 0,
+                 pifa_scale: float = PIFA_SCALE.default, pifa_length: str = PIFA_LENGTH.default) -> None:
         super().__init__(in_dim, num_clusters, bias=not hold_prior)
+        self.pifa_scale = pifa_scale
+        self.pifa_length = pifa_length
         self.logit_adjustment = logit_adjustment
         self.hold_prior = hold_prior
         self.row_lr_documents = row_lr_documents
@@ -190,8 +194,10 @@ class PifaInitialisedRecaller(ClusterLinearRecaller):
         unit = centred / lengths.clamp_min(1e-12)
         sums = torch.from_numpy(np.asarray(labels.T @ unit.numpy(), dtype=np.float32))       # (L, D)
         spread = torch.maximum(lengths.mean(), PIFA_MIN_SPREAD * documents.norm(dim=1).mean()).clamp_min(1e-12)
-        rows = nn.functional.normalize(sums, dim=1) * (PIFA_SCALE / spread)
         counts = torch.from_numpy(np.asarray(labels.sum(axis=0), dtype=np.float32).ravel())   # (L,)
+        directions = (nn.functional.normalize(sums, dim=1) if self.pifa_length == "unit"
+                      else sums / counts.clamp_min(1.0)[:, None])                                # (L, D)
+        rows = directions * (self.pifa_scale / spread)
         prior = (counts + 1.0) / (labels.shape[0] + 2.0)
         log_odds = torch.log(prior / (1 - prior))                                            # (L,)
         weight = self.linear.weight
@@ -221,7 +227,8 @@ def build_cluster_linear(config, in_dim: int, num_clusters: int) -> ClusterLinea
     kind = {(False, False): ClusterLinearRecaller, (True, False): PropensityWeightedRecaller,
             (False, True): PifaInitialisedRecaller, (True, True): PifaPropensityRecaller}[propensity, pifa]
     recaller = (kind(in_dim, num_clusters, LOGIT_ADJUSTMENT.value_of(config), HOLD_PRIOR.value_of(config),
-                     ROW_LR_DOCUMENTS.value_of(config)) if pifa else kind(in_dim, num_clusters))
+                     ROW_LR_DOCUMENTS.value_of(config), PIFA_SCALE.value_of(config), PIFA_LENGTH.value_of(config))
+                if pifa else kind(in_dim, num_clusters))
     calibration = CALIBRATION.value_of(config)
     if calibration == "bins" or (calibration == "auto" and config.validation_size):
         recaller.add_calibration()   # auto on label clusters: finalize leaves the logits as they are
@@ -243,6 +250,10 @@ def check_cluster_linear(config, label_info: LabelInfo) -> None:
                                "keeps each label's score at the mean document where the PIFA start puts it"),
         "options.row_lr_documents": (ROW_LR_DOCUMENTS.value_of(config) > 0,
                                      "sets each row's learning rate where the PIFA start sets the row"),
+        "options.pifa_scale": (PIFA_SCALE.value_of(config) != PIFA_SCALE.default,
+                               "sets the length of each PIFA row"),
+        "options.pifa_length": (PIFA_LENGTH.value_of(config) != PIFA_LENGTH.default,
+                                "sets the length of each PIFA row"),
     }
     for option, (is_set, why) in needs_pifa_rows.items():
         if is_set and (HEAD_INIT.value_of(config) == "random" or not flat):
