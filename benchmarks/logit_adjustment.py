@@ -14,9 +14,11 @@ With --alpha, the logits are also calibrated on the run's validation rows, as op
 (xmcbench.calibration: a Platt fit sigmoid(a z + c) per bin of training documents), which gives eta_l, the
 probability that label l is relevant. Ranking by eta_l maximises expected P@k; by eta_l / p_l, with p_l the
 label's propensity (Jain et al. 2016), expected PSP@k. Each alpha ranks by eta_l * (1 / p_l) ** alpha. On a run
-trained with options.calibration=bins the logits are already calibrated, and alpha 0 refits them.
+trained with options.calibration=bins the logits are already calibrated, and alpha 0 refits them. --own-fit N
+also ranks with every label of at least N validation positives fitted on its own (the others per bin), once per N.
 
-    python benchmarks/logit_adjustment.py RUN_DIR [--tau 0 0.25 0.5 1] [--alpha 0 0.5 1] [--threads 2]
+    python benchmarks/logit_adjustment.py RUN_DIR [--tau 0 0.25 0.5 1] [--alpha 0 0.5 1] [--own-fit 50]
+        [--threads 2]
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from xmcbench.calibration import fit_bin_calibration
+from xmcbench.calibration import fit_bin_calibration, fit_platt
 from xmcbench.labels import load_label_info
 from xmcbench.metrics import evaluate
 from xmcbench.prediction_files import read_predictions
@@ -104,6 +106,8 @@ def main() -> None:
     parser.add_argument("--tau", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0])
     parser.add_argument("--alpha", type=float, nargs="*", default=[],
                         help="also rank the logits calibrated on the validation rows by eta * (1 / propensity) ** alpha")
+    parser.add_argument("--own-fit", type=int, nargs="*", default=[],
+                        help="with --alpha, also fit each label of at least N validation positives on its own")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args()
@@ -136,12 +140,22 @@ def main() -> None:
         validation_truth = remap_labels(dataset.train_labels[validation], dataset.label_names, names)
         scales, offsets, lines = fit_bin_calibration(torch.from_numpy(validation_logits),
                                                      validation_truth[:, :len(names)], info.counts)
-        log_eta = -np.logaddexp(0.0, -(logits * scales.numpy() + offsets.numpy()))             # (N, L)
+        fits = {"": (scales, offsets)}
+        validation_positives = np.asarray(validation_truth[:, :len(names)].sum(axis=0)).ravel()   # (L,)
+        for least in args.own_fit:
+            own_scales, own_offsets = scales.clone(), offsets.clone()
+            for label in np.flatnonzero(validation_positives >= least):
+                own_scales[label], own_offsets[label] = fit_platt(torch.from_numpy(validation_logits[:, [label]]),
+                                                                  validation_truth[:, [label]])
+            fits[f", labels of >= {least} validation positives fitted alone "
+                 f"({int((validation_positives >= least).sum())})"] = own_scales, own_offsets
         log_inverse_propensity = np.log(weights.inverse[:len(names)])                          # (L,)
-        for alpha in args.alpha:
-            ranked = log_eta + alpha * log_inverse_propensity
-            print_row(f"calibrated, alpha {alpha:g}", ranked, truth, weights)
-            ranks[f"calibrated, alpha {alpha:g}"] = true_label_ranks(ranked, rare_documents, rare_labels)
+        for fit, (fit_scales, fit_offsets) in fits.items():
+            log_eta = -np.logaddexp(0.0, -(logits * fit_scales.numpy() + fit_offsets.numpy()))   # (N, L)
+            for alpha in args.alpha:
+                ranked = log_eta + alpha * log_inverse_propensity
+                print_row(f"calibrated, alpha {alpha:g}{fit}", ranked, truth, weights)
+                ranks[f"calibrated, alpha {alpha:g}{fit}"] = true_label_ranks(ranked, rare_documents, rare_labels)
         print(f"calibration on {len(validation)} validation rows, per group of bins: " + "; ".join(lines))
     for name, found in ranks.items():
         print(f"{name}: " + rank_summary(found, info.counts))

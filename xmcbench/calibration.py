@@ -21,7 +21,7 @@ from torch import nn
 from xmcbench.fusion import weight_bin_groups
 from xmcbench.metrics import FREQUENCY_BINS, frequency_bin_of
 
-__all__ = ["fit_bin_calibration"]
+__all__ = ["fit_bin_calibration", "fit_platt"]
 
 LBFGS_ITERATIONS = 100
 
@@ -43,23 +43,30 @@ def fit_bin_calibration(logits: torch.Tensor, truth: sp.csr_matrix, counts: np.n
         columns = np.flatnonzero(np.isin(bins, group))
         if not len(columns):
             continue
-        z = logits[:, torch.from_numpy(columns)].float().reshape(-1)
-        y = torch.from_numpy(truth[:, columns].toarray().astype(np.float32).reshape(-1))
-        scale, offset = torch.ones((), requires_grad=True), torch.zeros((), requires_grad=True)
-        optimiser = torch.optim.LBFGS([scale, offset], max_iter=LBFGS_ITERATIONS, line_search_fn="strong_wolfe")
-
-        def loss() -> torch.Tensor:
-            optimiser.zero_grad()
-            value = nn.functional.binary_cross_entropy_with_logits(scale * z + offset, y)
-            value.backward()
-            return value
-
-        with torch.enable_grad():
-            optimiser.step(loss)
-        scales[columns], offsets[columns] = scale.item(), offset.item()
+        scale, offset = fit_platt(logits[:, torch.from_numpy(columns)], truth[:, columns])
+        scales[columns], offsets[columns] = scale, offset
         low, high = FREQUENCY_BINS[group[0]][0], FREQUENCY_BINS[group[-1]][1]
         span = (f"labels of {low}-{high} training documents" if high is not None
                 else f"labels of >{low - 1} training documents" if low else "all labels")
         lines.append(f"{span} ({sum(positives[index] for index in group)} validation positives): "
-                     f"a {scale.item():.3f}, c {offset.item():.3f}")
+                     f"a {scale:.3f}, c {offset:.3f}")
     return scales, offsets, lines
+
+
+def fit_platt(logits: torch.Tensor, truth: sp.csr_matrix) -> tuple[float, float]:
+    """The one scale a and offset c for which sigmoid(a z + c) fits (V, C) logits z to their (V, C) 0/1 truth
+    best by binary cross-entropy."""
+    z = logits.float().reshape(-1)
+    y = torch.from_numpy(sp.csr_matrix(truth).toarray().astype(np.float32).reshape(-1))
+    scale, offset = torch.ones((), requires_grad=True), torch.zeros((), requires_grad=True)
+    optimiser = torch.optim.LBFGS([scale, offset], max_iter=LBFGS_ITERATIONS, line_search_fn="strong_wolfe")
+
+    def loss() -> torch.Tensor:
+        optimiser.zero_grad()
+        value = nn.functional.binary_cross_entropy_with_logits(scale * z + offset, y)
+        value.backward()
+        return value
+
+    with torch.enable_grad():
+        optimiser.step(loss)
+    return scale.item(), offset.item()
