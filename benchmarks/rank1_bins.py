@@ -1,16 +1,19 @@
 """Where each run's P@1 comes from: the test documents whose first label falls in each bin of training frequency,
 and how many of those first labels are right, from the runs' saved test predictions (nothing is predicted again).
 
-    python benchmarks/rank1_bins.py RUN_DIR [RUN_DIR ...]
+    python benchmarks/rank1_bins.py RUN_DIR [RUN_DIR ...] [--against OTHER_RUN_DIR]
 
 A run whose P@1 is below another's shows here whether it puts the wrong labels first (a bin where its first labels
 are right less often) or moves its first labels to another bin (more documents in a bin than the other run).
+--against pairs each run with another run on the same test set and label order: on the documents only one of the two
+gets right at rank 1, which labels each puts first, and where the run ranks the other's right first label.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -25,32 +28,74 @@ from xmcbench.scoring import remap_labels
 BINS = ((0, 3), (4, 30), (31, 1000), (1001, None))   # training documents of the first label
 
 
+def read_run(registry, run: Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """A run's label names, (L,) training documents per label, (N, k) test predictions and (N,) whether each first
+    label is right."""
+    record = json.loads((run / "config.json").read_text())
+    dataset = open_dataset(registry, record["dataset"], None, reading_of(record))
+    names = json.loads((run / "model" / "labels.json").read_text())
+    names = names if isinstance(names, list) else names["names"]
+    info = load_label_info(run / "model", names, "rerun the run")
+    if info is None:
+        raise SystemExit(f"{run}: its model folder keeps no label_info.json (an older xmcbench saved it); rerun it")
+    truth = remap_labels(dataset.test_labels, dataset.label_names, names).tocsr()[:, :len(names)]
+    predicted = read_predictions(run / "predictions.safetensors", len(names), "rerun the run",
+                                 documents=truth.shape[0]).labels
+    first = predicted[:, 0]
+    right = (np.asarray(truth[np.arange(len(first)), np.maximum(first, 0)]).ravel() > 0) & (first >= 0)
+    return names, np.asarray(info.counts), predicted, right
+
+
+def bin_name(count: int) -> str:
+    low, high = next((low, high) for low, high in BINS if count >= low and (high is None or count <= high))
+    return f"{low}-{high if high else 'more'}"
+
+
+def print_pairing(run: Path, other: Path, mine, theirs) -> None:
+    """On the documents only one of two runs gets right at rank 1: which bins and labels each puts first."""
+    names, counts, predicted, right = mine
+    other_names, _, other_predicted, other_right = theirs
+    if other_names != names:
+        raise SystemExit(f"{run} and {other} order their labels differently; pair runs of one dataset and cut")
+    order = [bin_name(low) for low, _ in BINS]
+    only_other, only_run = np.flatnonzero(other_right & ~right), np.flatnonzero(right & ~other_right)
+    for winner, documents in ((other, only_other), (run, only_run)):
+        print(f"{len(documents)} documents only {winner.name} gets right at rank 1:")
+        for who, firsts in ((run.name, predicted[documents, 0]), (other.name, other_predicted[documents, 0])):
+            bins = Counter(bin_name(counts[label]) for label in firsts)
+            labels = Counter(names[label] for label in firsts).most_common(4)
+            print(f"  {who} puts first labels of " + ", ".join(f"{name}: {bins[name]}" for name in order if bins[name])
+                  + " training documents; most often " + ", ".join(f"{label} {n}" for label, n in labels))
+        if winner == other:
+            found = [np.flatnonzero(predicted[d] == other_predicted[d, 0]) for d in documents]
+            ranks = Counter(int(where[0]) + 1 if len(where) else None for where in found)
+            print(f"  {run.name} ranks {other.name}'s right first label: "
+                  + ", ".join(f"{'beyond its top ' + str(predicted.shape[1]) if rank is None else 'at ' + str(rank)} "
+                              f"{n}" for rank, n in sorted(ranks.items(), key=lambda item: item[0] or 10 ** 9)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--against", type=Path, default=None, help="pair each run with this one at rank 1")
     args = parser.parse_args()
     registry = build_registry()
     header = " | ".join(f"{low}-{high if high else 'more'}: first / right" for low, high in BINS)
     print(f"| run | P@1 | {header} |")
-    for run in args.runs:
-        record = json.loads((run / "config.json").read_text())
-        dataset = open_dataset(registry, record["dataset"], None, reading_of(record))
-        names = json.loads((run / "model" / "labels.json").read_text())
-        names = names if isinstance(names, list) else names["names"]
-        info = load_label_info(run / "model", names, "rerun the run")
-        if info is None:
-            raise SystemExit(f"{run}: its model folder keeps no label_info.json (an older xmcbench saved it); rerun it")
-        truth = remap_labels(dataset.test_labels, dataset.label_names, names).tocsr()[:, :len(names)]
-        first = read_predictions(run / "predictions.safetensors", len(names), "rerun the run",
-                                 documents=truth.shape[0]).labels[:, 0]
-        right = np.asarray(truth[np.arange(len(first)), np.maximum(first, 0)]).ravel() > 0
-        right &= first >= 0
-        counts = np.asarray(info.counts)[np.maximum(first, 0)]
+    read = {run: read_run(registry, run) for run in args.runs}
+    for run, (_, counts, predicted, right) in read.items():
+        first = predicted[:, 0]
+        first_counts = counts[np.maximum(first, 0)]
         cells = []
         for low, high in BINS:
-            inside = (first >= 0) & (counts >= low) & ((counts <= high) if high else True)
+            inside = (first >= 0) & (first_counts >= low) & ((first_counts <= high) if high else True)
             cells.append(f"{int(inside.sum())} / {int(right[inside].sum())}")
         print(f"| {run.name} | {100 * right.mean():.2f} | " + " | ".join(cells) + " |")
+    if args.against is not None:
+        theirs = read_run(registry, args.against)
+        for run, mine in read.items():
+            print()
+            print_pairing(run, args.against, mine, theirs)
 
 
 if __name__ == "__main__":
