@@ -2,9 +2,9 @@
 
 A flat LightXML run (`options.head_init=auto`) starts row l of its recaller at the mean of l's training documents'
 representations under the pretrained encoder, scaled so that a cosine of 1 adds options.pifa_scale logits (5 by
-default), and its bias at the log-odds of l's prior. This script builds that start exactly as a run does (the run's plan, training rows and
-`start_epoch`), scores the test set with it, and re-ranks the same logits under other biases and scales, without
-training:
+default), and its bias at the log-odds of l's prior. This script builds that start exactly as a run does (the run's
+plan, training rows and `start_epoch`), scores the test set with it, and re-ranks the same logits under other biases
+and scales, without training:
 
     logit_l(h) = scale * cosine-term_l(h) + (1 - tau) * log-odds_l
 
