@@ -111,6 +111,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args()
+    if args.own_fit and not args.alpha:
+        parser.error("--own-fit refits the calibration that --alpha ranks by; add --alpha 0 (or other alphas)")
     torch.set_num_threads(args.threads)
 
     model, config, names, dataset, info, recorded = load_flat_run(args.run_dir)
