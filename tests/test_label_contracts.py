@@ -18,7 +18,7 @@ from xmcbench.candidates import positive_targets, unique_per_row
 from xmcbench.config import MethodSpec, Stage, TrainConfig
 from xmcbench.errors import XmcError
 from xmcbench.hookspecs import hookimpl
-from xmcbench.interfaces import Candidates, LabelClusters, Ranker, Retriever, Sampler, call_factory
+from xmcbench.interfaces import Candidates, LabelClusters, Ranker, Recaller, Retriever, Sampler, call_factory
 from xmcbench.modelio import load_model_dir, model_size
 from xmcbench.registry import build_registry
 from xmcbench.testing import TOPICS, check_component, check_method, tiny_config, write_tiny_dataset, \
@@ -304,11 +304,43 @@ def test_the_score_combiner_decides_the_final_score(combiner, weight):
     model = XMCModel(IdentityEncoder(), FixedRecaller(), FixedRanker(), NoSampler(), clusters,
                      score_combiner=combiner, ranker_weight=weight).eval()
     (labels, scores), _ = model.predict_top(torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3), 4, 4)
-    parent = torch.sigmoid(torch.arange(4.0) / 4)
-    own = torch.sigmoid(1.0 - torch.arange(4.0) / 2)
+    parent = torch.sigmoid(torch.arange(4.0, dtype=scores.dtype) / 4)
+    own = torch.sigmoid(1.0 - torch.arange(4.0, dtype=scores.dtype) / 2)
     expected = parent * own if combiner == "product" else weight * own + (1 - weight) * parent
     assert torch.allclose(scores[0], expected[labels[0]])
     assert torch.equal(labels[0], expected.argsort(descending=True))
+
+
+class ConfidentRecaller(Recaller):
+    """Logits 20, 30, 25 and 0 over 4 clusters: the sigmoid of each of the first three is 1 in float32."""
+    num_clusters = 4
+
+    def forward(self, representation):
+        return torch.tensor([20.0, 30.0, 25.0, 0.0]).expand(len(representation), 4)
+
+
+class ConfidentRanker(Ranker):
+    """Logit 18 for an even label, 20 for an odd one: both probabilities are 1 in float32."""
+    def forward(self, representation, candidate_labels):
+        return 18.0 + 2.0 * (candidate_labels % 2).float()
+
+
+def test_confident_logits_are_ranked_by_their_scores_not_by_their_ids():
+    from xmcbench.model import XMCModel
+
+    ids, mask = torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3)
+    flat = XMCModel(IdentityEncoder(), ConfidentRecaller(), None, None,
+                    LabelClusters.from_assignment(torch.arange(4), 4)).eval()
+    (labels, scores), _ = flat.predict_top(ids, mask, 4, 4)
+    assert labels[0].tolist() == [1, 2, 0, 3]
+    assert scores[0, 0] > scores[0, 1] > scores[0, 2]
+
+    clustered = XMCModel(IdentityEncoder(), ConfidentRecaller(), ConfidentRanker(), NoSampler(),
+                         LabelClusters.from_assignment(torch.arange(8) // 2, 4)).eval()   # labels 2c, 2c + 1 in c
+    (labels, scores), recalled = clustered.predict_top(ids, mask, 4, 8)
+    assert recalled[0].tolist() == [1, 2, 0, 3]
+    # each product is about 1 - e^-recall - e^-rank: 3 (e^-30 + e^-20) first, then 5 (e^-25 + e^-20), 1, 2, 4, 0
+    assert labels[0].tolist() == [3, 5, 1, 2, 4, 0, 7, 6]
 
 
 def test_an_unknown_score_combiner_is_refused_in_one_line():

@@ -10,7 +10,7 @@ Each level keeps its nodes of highest probability (sigmoid of their logits) and 
 label's final score combines its probability with its leaf cluster's (config.score_combiner): by default their
 product (CascadeXML's scoring, which for LightXML is sigmoid(recall logit of the label's cluster) *
 sigmoid(rank logit)). With one label per cluster (flat) the recaller scores every label and there is no level
-below it.
+below it, and its labels are ranked by their logits. Probabilities are ranked in SCORE_DTYPE (below).
 
 A ranker may replace the binary cross-entropy with its own loss (Ranker.loss). A recaller that is a Retriever
 (one "cluster" per label, found by nearest-neighbour search over label embeddings) is asked for its top labels
@@ -29,6 +29,12 @@ from xmcbench.candidates import expand_clusters, unique_per_row
 from xmcbench.config import JOINT_TRAINING, SCORE_COMBINERS, Stage
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import Encoder, LabelClusters, Ranker, Recaller, Retriever, Sampler
+
+# The dtype probabilities are ranked in. In float32 the sigmoid of every logit above about 16.6 is exactly 1, and
+# labels tied at 1 would be ranked by their ids: an overconfident head's most frequent labels are those logits.
+# float64 rounds to 1 only above about 36.7. Scores are still saved as float32, so near 1 a file's scores may tie
+# where its order (the model's) does not.
+SCORE_DTYPE = torch.float64
 
 
 class TreeLevel(nn.Module):
@@ -256,7 +262,7 @@ class XMCModel(nn.Module):
         inputs = self.level_inputs(self.encoder(input_ids, attention_mask))
         probabilities = None   # (B, nodes of the level), -1 unscored; a retriever's top level is searched instead
         if not self.is_retriever:
-            probabilities = torch.sigmoid(self.recaller(inputs[0]).float())
+            probabilities = torch.sigmoid(self.recaller(inputs[0]).to(SCORE_DTYPE))
         label_representation = None
         if self.ranker_encoder is not None and depth is None:
             label_representation = self.level_inputs(self.ranker_encoder(input_ids, attention_mask))[-1]
@@ -265,15 +271,16 @@ class XMCModel(nn.Module):
             keep = top_clusters if level == depth else scorer.keep or top_clusters
             if probabilities is None:
                 kept, kept_logits = self.recaller.search(inputs[0], keep)
-                kept_probabilities = torch.sigmoid(kept_logits.float())
+                kept_probabilities = torch.sigmoid(kept_logits.to(SCORE_DTYPE))
             else:
                 kept_probabilities, kept = probabilities.topk(min(keep, probabilities.shape[1]), dim=1)
             if level == depth:
                 return kept
             candidates = expand_clusters(kept, kept_probabilities >= 0, scorer.clusters)
-            own = torch.sigmoid(scorer.ranker(scorer.representation, candidates.labels).float())   # (B, C)
+            own = torch.sigmoid(scorer.ranker(scorer.representation, candidates.labels).to(SCORE_DTYPE))   # (B, C)
             if level < len(scorers) - 1:
-                probabilities = torch.full((len(own), scorer.clusters.num_labels), -1.0, device=own.device
+                probabilities = torch.full((len(own), scorer.clusters.num_labels), -1.0, dtype=own.dtype,
+                                           device=own.device
                                            ).scatter_reduce(1, candidates.labels,
                                                             torch.where(candidates.mask, own, -1.0), reduce="amax")
         # each candidate's parent probability: candidates come cluster by cluster, in the order of `kept`
@@ -298,15 +305,15 @@ class XMCModel(nn.Module):
     @torch.no_grad()
     def predict_top(self, input_ids, attention_mask, top_clusters: int, top_k: int):
         """(B, T) ids and mask -> labels (B, k) long (-1 where a document has fewer than k candidates),
-        scores (B, k) float, recalled leaf clusters (B, b) long (None when flat)."""
+        scores (B, k) SCORE_DTYPE, recalled leaf clusters (B, b) long (None when flat)."""
         if self.is_flat:
             representation = self.level_inputs(self.encoder(input_ids, attention_mask))[0]
             if self.is_retriever:
                 labels, logits = self.recaller.search(representation, top_k)
-                return _pad_right(labels, torch.sigmoid(logits.float()), top_k), None
-            recall_scores = torch.sigmoid(self.recaller(representation).float())
-            scores, labels = recall_scores.topk(min(top_k, recall_scores.shape[1]), dim=1)
-            return _pad_right(labels, scores, top_k), None
+                return _pad_right(labels, torch.sigmoid(logits.to(SCORE_DTYPE)), top_k), None
+            logits = self.recaller(representation).float()
+            top_logits, labels = logits.topk(min(top_k, logits.shape[1]), dim=1)
+            return _pad_right(labels, torch.sigmoid(top_logits.to(SCORE_DTYPE)), top_k), None
         candidates, scores, recalled = self._descend(input_ids, attention_mask, top_clusters)
         scores, slots = scores.topk(min(top_k, scores.shape[1]), dim=1)
         labels = torch.where(scores >= 0, candidates.labels.gather(1, slots), -1)
