@@ -82,6 +82,36 @@ def test_label_clusters_beyond_the_flat_limit():
     assert clustered["cluster_size"] > 1 and clustered["top_clusters"] * clustered["cluster_size"] >= 256
 
 
+@pytest.mark.parametrize("settings, derived_rate", [
+    ({}, 1e-3),                                     # flat, head_init auto: PIFA rows
+    ({"options.head_init": "pifa"}, 1e-3),
+    ({"options.head_init": "random"}, defaults.HEAD_LR),
+    ({"cluster_size": 16}, defaults.HEAD_LR),       # clusters: auto leaves the rows random
+    ({"cluster_size": 1}, 1e-3),
+])
+def test_lightxml_rows_that_start_at_pifa_learn_at_a_tenth_of_the_rate_of_random_rows(settings, derived_rate):
+    from xmcbench_lightxml.methods import PIFA_HEAD_LR, derive_head_lr
+    from xmcbench.config import apply_overrides
+
+    config = apply_overrides(TrainConfig(), {"options.head_init": "auto", **settings}, "test")
+    lightxml = derive_head_lr(statistics(), CPU, settings=config)
+    derived = {**derive_settings(statistics(), CPU), **lightxml}["head_lr"]
+    assert derived.value == derived_rate and (derived_rate == PIFA_HEAD_LR) == bool(lightxml)
+    clustered = derive_head_lr(statistics(labels=defaults.FLAT_MAX_LABELS + 1), CPU, settings=config)
+    assert "head_lr" not in clustered or settings.get("cluster_size") == 1
+
+
+def test_a_methods_derive_reads_the_settings_only_when_it_declares_them(registry, tiny_dataset):
+    plan = plan_run(registry, "lightxml", str(tiny_dataset))
+    assert plan.config.head_lr == 1e-3 and "PIFA" in plan.derived["head_lr"].source
+    plan = plan_run(registry, "lightxml", str(tiny_dataset), set_options=["options.head_init=random"])
+    assert plan.config.head_lr == defaults.HEAD_LR and "random" in plan.derived["head_lr"].source
+    plan = plan_run(registry, "lightxml", str(tiny_dataset), set_options=["head_lr=0.02"])
+    assert plan.config.head_lr == 0.02 and "head_lr" not in plan.derived
+    # cascade's derive(statistics, device) declares no settings and still gets its tree
+    assert "tree_levels" in plan_run(registry, "cascade", str(tiny_dataset)).derived
+
+
 def test_fewer_documents_get_more_epochs_within_bounds():
     epochs = [values(derive_settings(statistics(documents=n), CPU))["epochs"] for n in (1500, 5000, 50000, 10**6)]
     assert epochs == sorted(epochs, reverse=True)

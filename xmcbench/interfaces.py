@@ -128,8 +128,9 @@ class LabelInfo:
         return self.texts is not None
 
 
-# The keyword-only parameters a factory (or a whole method's fit and load) may declare to receive them.
-OFFERED_KEYWORDS = ("label_info", "encoder", "checkpoint_dir")
+# The keyword-only parameters a factory (or a whole method's fit and load, or a MethodSpec's derive) may declare
+# to receive them.
+OFFERED_KEYWORDS = ("label_info", "encoder", "checkpoint_dir", "settings")
 
 
 def declared_keywords(function: Callable) -> set[str]:

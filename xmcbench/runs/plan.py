@@ -25,6 +25,7 @@ from xmcbench.device import pick_device
 from xmcbench.errors import XmcError
 from xmcbench.formats import FormatOptions, open_dataset
 from xmcbench.indexing import check_indexer
+from xmcbench.interfaces import call_factory
 from xmcbench.metrics import selection_metrics
 from xmcbench.modelio import file_digest, storage_dtype
 from xmcbench.registry import COMPONENT_KINDS, Registry, code_record
@@ -100,7 +101,7 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
     derived = derive_settings(statistics, device)
     if spec.whole_method is not None:
         derived = {key: value for key, value in derived.items() if key in WHOLE_METHOD_DERIVED}
-    derived = {**derived, **(spec.derive(statistics, device) if spec.derive else {})}
+    derived = {**derived, **(call_factory(spec.derive, statistics, device, settings=config) if spec.derive else {})}
     derived = {key: value for key, value in derived.items() if key not in explicit}
     config = resolve_config(spec, preset_key, config_file, options,
                             derived={key: value.value for key, value in derived.items()})
