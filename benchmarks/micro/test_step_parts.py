@@ -17,7 +17,7 @@ import torch
 from xmcbench.candidates import candidates_with_positives, expand_clusters
 from xmcbench.interfaces import LabelClusters
 from xmcbench.optim import RowAdam
-from xmcbench.model import XMCModel
+from xmcbench.model import SCORE_DTYPE, XMCModel
 from xmcbench_lightxml.ranker import BottleneckRanker
 from xmcbench_lightxml.sampler import DynamicSampler
 
@@ -100,13 +100,13 @@ def test_prediction_top_k(benchmark, sizes):
     (labels, scores), recalled = benchmark(model.predict_top, input_ids, attention_mask, sizes["top"], 10)
 
     assert labels.shape == scores.shape == (sizes["batch"], 10) and recalled.shape == (sizes["batch"], sizes["top"])
-    with torch.no_grad():   # the same scores computed step by step
-        recall_scores = torch.sigmoid(recall_logits)
+    with torch.no_grad():   # the same scores computed step by step, in the dtype the model ranks them in
+        recall_scores = torch.sigmoid(recall_logits.to(SCORE_DTYPE))
         expected_recalled = recall_scores.topk(sizes["top"], dim=1).indices
         candidates = expand_clusters(expected_recalled, torch.ones_like(expected_recalled, dtype=torch.bool),
                                      clusters)
         expected = torch.where(candidates.mask, recall_scores.gather(1, candidates.clusters)
-                               * torch.sigmoid(ranker(representation, candidates.labels)), -1.0)
+                               * torch.sigmoid(ranker(representation, candidates.labels).to(SCORE_DTYPE)), -1.0)
         expected_scores, slots = expected.topk(10, dim=1)
     assert torch.equal(recalled, expected_recalled)
     assert torch.allclose(scores, expected_scores)
