@@ -7,7 +7,6 @@ length, bottleneck h, clusters, recalled clusters b, SWA schedule). The original
 
 from xmcbench.config import MethodSpec, Stage, TrainConfig
 from xmcbench.defaults import FLAT_MAX_LABELS, DatasetStatistics, Derived, DeviceFacts
-from xmcbench.indexing import resolve_num_clusters
 from xmcbench_lightxml.options import HEAD_INIT
 
 LIGHTXML_DEFAULTS = {
@@ -64,8 +63,10 @@ def derive_head_lr(statistics: DatasetStatistics, device: DeviceFacts, *, settin
     """head_lr PIFA_HEAD_LR where the recaller's rows start at PIFA: a flat run (the core derives one up to
     FLAT_MAX_LABELS labels, unless cluster_size or num_clusters is set) with options.head_init auto or pifa."""
     head_init = HEAD_INIT.value_of(settings)
-    if settings.cluster_size or settings.num_clusters:
-        flat = resolve_num_clusters(settings, statistics.labels) == statistics.labels
+    if settings.num_clusters:   # as xmcbench.indexing.resolve_num_clusters decides, without importing torch to register
+        flat = settings.num_clusters == statistics.labels
+    elif settings.cluster_size:
+        flat = settings.cluster_size == 1
     else:
         flat = statistics.labels <= FLAT_MAX_LABELS
     if head_init == "random" or not flat:
