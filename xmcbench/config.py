@@ -305,9 +305,9 @@ class MethodSpec:
     derive: settings the method derives from a dataset it has no preset for, as the core does
     (xmcbench.defaults): derive(DatasetStatistics, DeviceFacts) -> {setting: xmcbench.defaults.Derived}. They
     take the place of the core's derived value of the same setting; the method's defaults and what the user
-    sets still win over both. A derive that declares a keyword-only `settings` also gets the TrainConfig that
-    the method's defaults, the config file and --set give before anything is derived, for a value that depends
-    on them (LightXML's head_lr follows options.head_init)."""
+    sets still win over both. A derive that declares a keyword-only `settings` also gets the TrainConfig the run
+    would have without it (the core's derived values under the method's defaults, the config file and --set), for
+    a value that depends on them (LightXML's head_lr follows options.head_init and whether the run is flat)."""
 
     name: str
     description: str

@@ -6,7 +6,7 @@ length, bottleneck h, clusters, recalled clusters b, SWA schedule). The original
 """
 
 from xmcbench.config import MethodSpec, Stage, TrainConfig
-from xmcbench.defaults import FLAT_MAX_LABELS, DatasetStatistics, Derived, DeviceFacts
+from xmcbench.defaults import DatasetStatistics, Derived, DeviceFacts
 from xmcbench_lightxml.options import HEAD_INIT
 
 LIGHTXML_DEFAULTS = {
@@ -60,16 +60,12 @@ PIFA_HEAD_LR = 1e-3
 
 
 def derive_head_lr(statistics: DatasetStatistics, device: DeviceFacts, *, settings: TrainConfig) -> dict:
-    """head_lr PIFA_HEAD_LR where the recaller's rows start at PIFA: a flat run (the core derives one up to
-    FLAT_MAX_LABELS labels, unless cluster_size or num_clusters is set) with options.head_init auto or pifa."""
+    """head_lr PIFA_HEAD_LR where the recaller's rows start at PIFA: a flat run (settings: the run's clusters, the
+    core's derived cluster_size or the user's) with options.head_init auto or pifa."""
+    from xmcbench.indexing import resolve_num_clusters   # here: registering the plugin must not import torch
+
     head_init = HEAD_INIT.value_of(settings)
-    if settings.num_clusters:   # as xmcbench.indexing.resolve_num_clusters decides, without importing torch to register
-        flat = settings.num_clusters == statistics.labels
-    elif settings.cluster_size:
-        flat = settings.cluster_size == 1
-    else:
-        flat = statistics.labels <= FLAT_MAX_LABELS
-    if head_init == "random" or not flat:
+    if head_init == "random" or resolve_num_clusters(settings, statistics.labels) != statistics.labels:
         return {}
     return {"head_lr": Derived(
         PIFA_HEAD_LR, f"labels = {statistics.labels}: flat, and options.head_init={head_init} starts each row at "

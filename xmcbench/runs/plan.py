@@ -101,7 +101,10 @@ def plan_run(registry: Registry, method: str, dataset: str | None = None, config
     derived = derive_settings(statistics, device)
     if spec.whole_method is not None:
         derived = {key: value for key, value in derived.items() if key in WHOLE_METHOD_DERIVED}
-    derived = {**derived, **(call_factory(spec.derive, statistics, device, settings=config) if spec.derive else {})}
+    if spec.derive:   # it sees the settings the run would have without it, the core's derived values included
+        core = resolve_config(spec, preset_key, config_file, options, tree_derived_later=to_derive,
+                              derived={key: value.value for key, value in derived.items()})
+        derived = {**derived, **call_factory(spec.derive, statistics, device, settings=core)}
     derived = {key: value for key, value in derived.items() if key not in explicit}
     config = resolve_config(spec, preset_key, config_file, options,
                             derived={key: value.value for key, value in derived.items()})
