@@ -50,7 +50,7 @@ def test_training_writes_progress_lines_during_an_epoch(monkeypatch, capsys, tin
     lines = capsys.readouterr().err.splitlines()
     epoch = [line for line in lines if line.startswith("epoch 1/1: ")]
     # the flat run's PIFA rows take a pass over the training documents before the epoch: it shows too
-    assert any(line.startswith("encoding the training documents for start_epoch: 48/48 documents in ")
+    assert any(line.startswith("encoding the training documents for epoch 1: 48/48 documents in ")
                for line in lines[:lines.index(epoch[0])]), lines
     # 48 documents in 6 steps: five lines while the epoch runs, then its summary
     assert len(epoch) == 6

@@ -183,7 +183,7 @@ def derive_settings(stats: DatasetStatistics, device: DeviceFacts) -> dict[str, 
         swa_every, f"{steps_per_epoch} steps per epoch",
         f"the paper's SWA, {SWA_UPDATES_PER_EPOCH} snapshots an epoch from the second epoch on: on "
         "debian-debtags-mini it took P@1 / PSP@5 after 4 epochs from 87.9 / 52.9 to 90.3 / 53.4")
-    derived["swa_start_epoch"] = Derived(1, "heads that start from random weights",
+    derived["swa_start_epoch"] = Derived(1, "every run",
                                          "the first epoch's weights are too far from the end to average")
     if validation:
         derived["patience"] = Derived(PATIENCE, f"validation_size = {validation}",

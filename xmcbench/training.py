@@ -270,12 +270,14 @@ class Trainer:
         takers = [(component, depth) for _, component, depth in model.components() if overrides(component, event)]
         if not takers:
             return
+        # the progress lines name the moment the user sees, not the hook
+        moment = f"epoch {epoch + 1}" if event == "start_epoch" and epoch is not None else "the final model"
         shared = EpochContext(stage, epoch, len(self.tokens), self.label_info,
                               map_documents=lambda function, dim: torch.from_numpy(self._map_documents(
                                   model, self.tokens, function, Output((dim,), np.float32, 0.0),
-                                  f"encoding the training documents for {event}")),
+                                  f"encoding the training documents for {moment}")),
                               map_labels=lambda function, dim: self._map_labels(model, function, dim,
-                                                                                f"encoding the label texts for {event}"),
+                                                                                f"encoding the label texts for {moment}"),
                               recalled_clusters=self._recalled_clusters, encoder=model.encoder, final=final,
                               ranker=model.ranker, training_labels=self.labels[:, :model.clusters.num_labels])
         if self.validation is not None:
@@ -283,7 +285,7 @@ class Trainer:
             shared.validation_labels = labels[:, :model.clusters.num_labels]
             shared.map_validation = lambda function, dim: torch.from_numpy(self._map_documents(
                 model, tokens, function, Output((dim,), np.float32, 0.0),
-                f"encoding the validation documents for {event}"))
+                f"encoding the validation documents for {moment}"))
         for component, depth in takers:
             context = copy.copy(shared)   # the computed embeddings stay shared (EpochContext.cache)
             context.recalled_clusters = lambda top, depth=depth: self._recalled_clusters(top, depth, model)
