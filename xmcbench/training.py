@@ -270,8 +270,9 @@ class Trainer:
         takers = [(component, depth) for _, component, depth in model.components() if overrides(component, event)]
         if not takers:
             return
-        # the progress lines name the moment the user sees, not the hook
-        moment = f"epoch {epoch + 1}" if event == "start_epoch" and epoch is not None else "the final model"
+        # the progress lines name the moment the user sees, not the hook: finalize runs before each validation too
+        moment = (f"epoch {epoch + 1}" if event == "start_epoch" and epoch is not None
+                  else "the final model" if final else "the model being validated")
         shared = EpochContext(stage, epoch, len(self.tokens), self.label_info,
                               map_documents=lambda function, dim: torch.from_numpy(self._map_documents(
                                   model, self.tokens, function, Output((dim,), np.float32, 0.0),
