@@ -4,8 +4,10 @@ Builds the weighted ensemble of the given runs twice (xmcbench.ensemble.build_en
 bin where the validation rows allow (what `xmcbench ensemble --fusion weighted` does), once with one weight per
 member (bins disabled by raising MIN_BIN_POSITIVES out of reach), and prints the test metrics of both beside the
 members'. Weights are chosen on the members' validation rows in both; the test set only scores.
+--weight-bins builds the per-bin ensemble once for each set of bin boundaries given (fusion.WEIGHT_BINS: "3,30"
+puts labels of at most 3, 4-30 and more training documents in three bins), instead of once with the default.
 
-    python benchmarks/fusion_bins.py OUT RUN_DIR RUN_DIR [RUN_DIR ...]
+    python benchmarks/fusion_bins.py OUT RUN_DIR RUN_DIR [RUN_DIR ...] [--weight-bins 3,30 3,100 ...]
 """
 
 from __future__ import annotations
@@ -19,14 +21,20 @@ from xmcbench import ensemble, fusion
 SHOWN = ("P@1", "P@3", "P@5", "PSP@1", "PSP@3", "PSP@5")
 
 
-def build(runs: list[Path], output: Path, per_bin: bool) -> dict:
-    reachable = fusion.MIN_BIN_POSITIVES
+def build(runs: list[Path], output: Path, per_bin: bool, bins: tuple[int, ...] = fusion.WEIGHT_BINS) -> dict:
+    """The weighted ensemble's test metrics, with weights per bin of `bins` boundaries or one weight per member."""
+    reachable, boundaries, names = fusion.MIN_BIN_POSITIVES, fusion.WEIGHT_BINS, fusion.WEIGHT_BIN_NAMES
     if not per_bin:
         fusion.MIN_BIN_POSITIVES = float("inf")
+    bin_names = (f"0-{bins[0]}", *(f"{low + 1}-{high}" for low, high in zip(bins, bins[1:])), f">{bins[-1]}")
+    for module in (fusion, ensemble):   # ensemble imported the names themselves
+        module.WEIGHT_BINS, module.WEIGHT_BIN_NAMES = bins, bin_names
     try:
         directory = ensemble.build_ensemble(runs, output, fusion="weighted", overwrite=True, log=print)
     finally:
         fusion.MIN_BIN_POSITIVES = reachable
+        for module in (fusion, ensemble):
+            module.WEIGHT_BINS, module.WEIGHT_BIN_NAMES = boundaries, names
     return json.loads((directory / "metrics.json").read_text())
 
 
@@ -40,15 +48,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("output", type=Path, help="folder for the two ensembles")
     parser.add_argument("runs", type=Path, nargs="+", help="finished runs sharing one validation split")
+    parser.add_argument("--weight-bins", nargs="+", default=[",".join(map(str, fusion.WEIGHT_BINS))],
+                        help="sets of bin boundaries, each as comma-separated training-document counts")
     args = parser.parse_args()
     one = build(args.runs, args.output / "one-weight-per-member", per_bin=False)
-    bins = build(args.runs, args.output / "weights-per-bin", per_bin=True)
+    per_bin = {boundaries: build(args.runs, args.output / f"weights-per-bin-{boundaries.replace(',', '-')}",
+                                 per_bin=True, bins=tuple(int(count) for count in boundaries.split(",")))
+               for boundaries in args.weight_bins}
     print("| | " + " | ".join(SHOWN) + " | P@5 from labels of 1 / 2-3 / 4-10 / 11-30 training docs |")
     print("|---" * (len(SHOWN) + 2) + "|")
     for run in args.runs:
         print(row(json.loads((run / "config.json").read_text())["method"], json.loads((run / "metrics.json").read_text())))
     print(row("hybrid, one weight per member", one))
-    print(row("hybrid, weights per bin", bins))
+    for boundaries, metrics in per_bin.items():
+        print(row(f"hybrid, weights per bin (boundaries {boundaries})", metrics))
 
 
 if __name__ == "__main__":
