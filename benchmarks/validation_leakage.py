@@ -81,6 +81,10 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=Path("ENSEMBLES/without-near-copies"))
     args = parser.parse_args()
 
+    for run in (args.run_dir, *args.members):
+        if not (run / VALIDATION_PREDICTIONS_FILE).is_file():
+            raise SystemExit(f"{run} has no {VALIDATION_PREDICTIONS_FILE}: pass finished runs trained with a "
+                             "validation split (--set validation_size=N)")
     recorded = json.loads((args.run_dir / "config.json").read_text())
     dataset = open_dataset(build_registry(), recorded["dataset"], None, reading_of(recorded))
     settings = recorded["config"]
