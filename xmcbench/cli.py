@@ -66,7 +66,9 @@ TestSizeOption = typer.Option(None, "--test-size", help="split a single file: th
                                                         "rows that become the test set (seeded)")
 FusionOption = typer.Option("sum", "--fusion", help="sum: raw scores summed (the paper's rule, one method family); "
                                                     "weighted: each member's scores normalised by its validation "
-                                                    "scores, weights chosen on the validation rows (mixed families)")
+                                                    "scores, weights chosen on the validation rows (mixed families); "
+                                                    "stacked: the same scores, ranked by a logistic regression "
+                                                    "fitted on the validation rows")
 
 
 @app.command("run")
@@ -265,8 +267,8 @@ def ensemble_command(run_dirs: List[Path] = typer.Argument(..., help="finished r
                      overwrite: bool = typer.Option(False, "--overwrite", help="replace an ensemble in --output"),
                      fusion: str = FusionOption):
     """Ensemble saved runs: per document, the members' scores fused over the union of their top-k (summed, the
-    paper's Table 3, or normalised and weighted on validation rows); writes a directory that `predict` and
-    `evaluate` accept."""
+    paper's Table 3, or normalised and weighted, or stacked, on validation rows); writes a directory that
+    `predict` and `evaluate` accept."""
     from xmcbench import ensemble
     from xmcbench.metrics import format_metrics
 
@@ -444,7 +446,8 @@ def compare_command(methods: List[str] = typer.Argument(..., help="methods to co
                                                 help="folder for the runs (output/runs) and the report"),
                     ensemble: bool = typer.Option(False, "--ensemble", help="also score ensembles, side by side: "
                                                                            "of each method's seeds (--fusion sum), "
-                                                                           "or of all methods per seed (weighted)"),
+                                                                           "or of all methods per seed (weighted, "
+                                                                           "stacked)"),
                     fusion: str = FusionOption,
                     data_dir: Optional[Path] = DataDirOption,
                     data_format: Optional[str] = CompareDataFormatOption,

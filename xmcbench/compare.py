@@ -94,20 +94,20 @@ def adopt(run_dir: Path, record: dict) -> None:
 
 
 def check_shared_validation(plans: dict[tuple[str, int], Plan]) -> None:
-    """Weighted ensembles fuse the methods of one seed on their validation rows: refuse, before anything
-    trains, cells without a validation split or whose splits would differ."""
+    """Weighted and stacked ensembles fuse the methods of one seed on their validation rows: refuse, before
+    anything trains, cells without a validation split or whose splits would differ."""
     for (method, seed), plan in plans.items():
         size = getattr(plan.config, "validation_size", None)
         if size == 0:
-            raise XmcError(f"--ensemble --fusion weighted chooses weights on validation rows, but {method} runs with "
-                           "validation_size=0 here; add --set validation_size=N (e.g. 10 % of the training set)")
+            raise XmcError(f"--ensemble --fusion weighted or stacked is fitted on validation rows, but {method} runs "
+                           "with validation_size=0 here; add --set validation_size=N (e.g. 10 % of the training set)")
     for (method, seed), plan in plans.items():
         first_method = next(m for (m, s) in plans if s == seed)
         first = plans[(first_method, seed)].config
         split = [getattr(plan.config, key, None) for key in ("validation_size", "max_train_docs")]
         if split != [getattr(first, key, None) for key in ("validation_size", "max_train_docs")]:
-            raise XmcError(f"--ensemble --fusion weighted needs one validation split per seed, but {method} and "
-                           f"{first_method} differ in validation_size or max_train_docs; set both with --set")
+            raise XmcError(f"--ensemble --fusion weighted or stacked needs one validation split per seed, but "
+                           f"{method} and {first_method} differ in validation_size or max_train_docs; set both with --set")
 
 
 def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds: list[int],
@@ -158,14 +158,14 @@ def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds
 
 def ensemble_members(cells: dict[str, list[Path]], seeds: list[int], fusion: str) -> dict[str, list[Path]]:
     """{ensemble folder name: member runs}. sum: each method's seeds (the paper's ensembles of one method);
-    weighted: per seed, every compared method (a hybrid whose weights are chosen on the validation split
+    weighted and stacked: per seed, every compared method (a hybrid whose weights are chosen on the validation split
     that seed gives all of them), so the hybrid gets one result per seed like a method. A name ends in a
     hash of its members' folders, which name their settings, and of the fusion's code (fusion_code_digest): other
     members or another fusion, another ensemble."""
     if fusion == "sum":
         groups = {f"{method}-x{len(paths)}": paths for method, paths in cells.items() if len(paths) > 1}
     else:
-        groups = {f"weighted-{'+'.join(cells)}-seed{seed}": [paths[index] for paths in cells.values()]
+        groups = {f"{fusion}-{'+'.join(cells)}-seed{seed}": [paths[index] for paths in cells.values()]
                   for index, seed in enumerate(seeds)}
     code = fusion_code_digest()
     return {f"{name}-{fingerprint([path.name for path in paths], code)[:8]}": paths for name, paths in groups.items()}
@@ -185,18 +185,19 @@ def compare(registry: Registry, methods: list[str], dataset: str | None, seeds: 
             log=print, fusion: str = "sum", reading: FormatOptions | None = None,
             executor: Executor | None = None) -> Path:
     """Run the missing cells under output/runs, optionally ensembles under output/ensembles (ensemble_members:
-    each method's seeds with fusion "sum", all methods per seed with "weighted"), and write output/report.md (its
-    metric columns in the order of the registry's metric families); return its path. executor: runs the missing
-    cells (run_cells)."""
+    each method's seeds with fusion "sum", all methods per seed with "weighted" or "stacked"), and write
+    output/report.md (its metric columns in the order of the registry's metric families); return its path.
+    executor: runs the missing cells (run_cells)."""
     from xmcbench.ensemble import build_ensemble, check_fusion
+    from xmcbench.fusion import FITTED_RULES
     from xmcbench.report import load_runs, write_report
 
     check_fusion(fusion)
     if baseline is not None and baseline not in methods:
         raise XmcError(f"--baseline {baseline!r} is not among the compared methods: {', '.join(methods)}")
-    weighted = ensemble and fusion == "weighted"
+    weighted = ensemble and fusion in FITTED_RULES
     if weighted and len(set(methods)) < 2:
-        raise XmcError("--ensemble --fusion weighted fuses the compared methods seed by seed; name at least two "
+        raise XmcError(f"--ensemble --fusion {fusion} fuses the compared methods seed by seed; name at least two "
                        "methods (an ensemble of one method's seeds uses --fusion sum)")
     cells = run_cells(registry, methods, dataset, seeds, list(set_options), config_file, output / "runs",
                       data_dir, log, shared_validation=weighted, reading=reading, executor=executor)

@@ -1,7 +1,8 @@
 """Ensembles of saved runs: the paper's Table 3 (three encoders, or three label-cluster trees), and hybrids
 of different method families (a transformer beside a linear tree method).
 
-The fusion rules (`--fusion sum`, the paper's, and `--fusion weighted`, for mixed families) are xmcbench.fusion's.
+The fusion rules (`--fusion sum`, the paper's, and `--fusion weighted` and `--fusion stacked`, for mixed families)
+are xmcbench.fusion's.
 
 An ensemble directory:
 
@@ -9,10 +10,13 @@ An ensemble directory:
                                "label_names_sha256", "fusion": {"rule", "normalisation", and for weighted:
                                "weights" (one per member), "objective", the validation figures, "quantiles"
                                (per member), and with weights per bin "bin_weights" (per bin, per member) and
-                               "label_bins" (each label's bin)}}: all that `predict` and `evaluate` need. Schema 1
-                               for sum (as before), 2 for weighted, 3 for weighted with weights per bin (an older
-                               xmcbench refuses what it cannot fuse right)
-    config.json               method "ensemble(m1+m2+...)" (sum) or "weighted-ensemble(m1+m2+...)", dataset
+                               "label_bins" (each label's bin), and for stacked the same plus "stacking" (its
+                               coefficients, intercept and alpha), "label_depth" and
+                               "label_log_inverse_propensity" (per label)}}: all that `predict` and `evaluate` need.
+                               Schema 1 for sum (as before), 2 for weighted, 3 for weighted with weights per bin, 4
+                               for stacked (an older xmcbench refuses what it cannot fuse right)
+    config.json               method "ensemble(m1+m2+...)" (sum), "weighted-ensemble(m1+m2+...)" or
+                              "stacked-ensemble(m1+m2+...)", dataset
                               and version, member 0's config, the fusion (without quantiles), so a report
                               reads it like a run
     metrics.json              test metrics of the ensemble (written last: its presence marks a finished build)
@@ -55,9 +59,9 @@ import numpy as np
 from xmcbench.config import TrainConfig
 from xmcbench.errors import DamagedModel, XmcError
 from xmcbench.formats import open_dataset
-from xmcbench.fusion import FUSION_OBJECTIVE, FUSION_RULES, MIN_BIN_POSITIVES, WEIGHT_BIN_NAMES, WEIGHT_BINS, Fusion, \
-    choose_bin_weights, choose_weights, describe_weights, fuse, members_alone, normalise, score_quantiles, \
-    weight_bin_groups, weight_group_name
+from xmcbench.fusion import FITTED_RULES, FUSION_OBJECTIVE, FUSION_RULES, MIN_BIN_POSITIVES, STACKING_MIN_POSITIVES, \
+    WEIGHT_BIN_NAMES, WEIGHT_BINS, Fusion, choose_bin_weights, choose_weights, describe_weights, fit_stacking, fuse, \
+    label_depth, members_alone, normalise, score_quantiles, weight_bin_groups, weight_group_name
 from xmcbench.inference import Predictions
 from xmcbench.labels import load_label_info
 from xmcbench.models import load_model, predict_documents, saved_zero_shot_mask
@@ -69,7 +73,8 @@ from xmcbench.scoring import evaluation_config, filtered_pairs, propensities, re
 from xmcbench.storage import read_json, write_json, written_beside
 
 ENSEMBLE_FILE = "ensemble.json"
-SCHEMA_VERSION = 3   # 1: sum (the only rule before weighted fusion), 2: weighted, 3: weighted with weights per bin
+SCHEMA_VERSION = 4   # 1: sum (the only rule before weighted fusion), 2: weighted, 3: weighted with weights per bin,
+#                      4: stacked
 MIN_TOP_K = 5   # the default eval_ks go to @5, and weighted fusion chooses its weights on PSP@5
 
 
@@ -298,8 +303,9 @@ def _validation_predictions(members: list[Member], dataset, top_k: int) -> tuple
     return labels, scores, found_rows[0]
 
 
-def fit_fusion(members: list[Member], dataset, top_k: int) -> Fusion:
-    """The weighted fusion of these members, fitted on their shared validation rows (module docstring)."""
+def fit_fusion(members: list[Member], dataset, top_k: int, rule: str = "weighted") -> Fusion:
+    """The weighted or stacked fusion of these members (`rule`), fitted on their shared validation rows (module
+    docstring). A stacked one that cannot be fitted ends in one line saying why."""
     labels, scores, rows = _validation_predictions(members, dataset, top_k)
     quantiles = [score_quantiles(member_labels, member_scores, top_k)
                  for member_labels, member_scores in zip(labels, scores)]
@@ -320,6 +326,9 @@ def fit_fusion(members: list[Member], dataset, top_k: int) -> Fusion:
               "validation": chosen, "validation_members_alone": alone}
     counts = training_counts(members, len(names))
     if counts is None:
+        if rule == "stacked":
+            raise XmcError("--fusion stacked reads each label's training documents, but a member's model keeps no "
+                           "label_info.json (trained by an older xmcbench); train it again, or use --fusion weighted")
         record["bin_weights_chosen"] = ("no: a member's model keeps no label_info.json (trained by an older "
                                         "xmcbench), so the labels' training documents are not known")
         return Fusion("weighted", weights, quantiles, record)
@@ -330,22 +339,35 @@ def fit_fusion(members: list[Member], dataset, top_k: int) -> Fusion:
     bins = [{"training_documents": name, "validation_positives": int(found),
              "weights_shared_by": next((weight_group_name(group) for group in searched if b in group), None)}
             for b, (name, found) in enumerate(zip(WEIGHT_BIN_NAMES, positives))]
+    record["bins"] = bins
+    fusion = Fusion("weighted", weights, quantiles, record)
     if len(searched) < 2:
-        record["bins"] = bins
         record["bin_weights_chosen"] = (f"no: the weight bins do not make two groups of {MIN_BIN_POSITIVES} "
                                         "validation positives")
-        return Fusion("weighted", weights, quantiles, record)
-    table, per_bin, evaluations = choose_bin_weights(top_lists, normalised, truth, inv_propensity, top_k, sizes,
-                                                     label_bins, weights, searched, len(WEIGHT_BIN_NAMES))
-    record["bins"] = bins
-    record["validation_one_weight_per_member"] = chosen
-    record["bin_fusions_tried"] = evaluations
-    if per_bin["objective"] <= chosen["objective"] + 1e-9:
-        record["bin_weights_chosen"] = "no: weights per bin did not score better on the validation rows"
-        return Fusion("weighted", weights, quantiles, record)
-    record["bin_weights_chosen"] = "yes"
-    record["validation"] = per_bin
-    return Fusion("weighted", weights, quantiles, record, table.T.tolist(), label_bins)
+    else:
+        table, per_bin, evaluations = choose_bin_weights(top_lists, normalised, truth, inv_propensity, top_k, sizes,
+                                                         label_bins, weights, searched, len(WEIGHT_BIN_NAMES))
+        record["validation_one_weight_per_member"] = chosen
+        record["bin_fusions_tried"] = evaluations
+        if per_bin["objective"] <= chosen["objective"] + 1e-9:
+            record["bin_weights_chosen"] = "no: weights per bin did not score better on the validation rows"
+        else:
+            record["bin_weights_chosen"] = "yes"
+            record["validation"] = per_bin
+            fusion = Fusion("weighted", weights, quantiles, record, table.T.tolist(), label_bins)
+    if rule == "weighted":
+        return fusion
+    depth = label_depth(counts)
+    fitted = fit_stacking(top_lists, normalised, truth, inv_propensity, top_k, depth)
+    if fitted is None:
+        raise XmcError(f"--fusion stacked needs {STACKING_MIN_POSITIVES} relevant labels (and an irrelevant one) "
+                       f"among the members' top-{top_k} on the {len(rows)} validation rows, and they hold fewer; "
+                       "train the members with a larger --set validation_size=N, or use --fusion weighted")
+    stacking, validation, _ = fitted
+    record["validation_weights"] = record["validation"]   # what --fusion weighted would have chosen
+    record["validation"] = validation
+    return Fusion("stacked", weights, quantiles, record, fusion.bin_weights, fusion.label_bins, stacking, depth,
+                  np.log(inv_propensity[:len(depth)]))   # the vocabulary's labels: only those can be candidates
 
 
 def training_counts(members: list[Member], num_labels: int) -> np.ndarray | None:
@@ -386,14 +408,15 @@ def default_output(dataset: str) -> Path:
 def check_fusion(fusion: str) -> None:
     if fusion not in FUSION_RULES:
         raise XmcError(f"unknown --fusion {fusion!r}: choose sum (the paper's rule: raw scores summed, for members "
-                       "of one method family) or weighted (normalised scores, weights chosen on validation rows)")
+                       "of one method family), weighted (normalised scores, weights chosen on validation rows) or "
+                       "stacked (normalised scores, a logistic regression fitted on validation rows)")
 
 
 def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: int | None = None,
                    data_dir: Path | None = None, overwrite: bool = False, registry: Registry | None = None,
                    log=print, fusion: str = "sum") -> Path:
     """Write an ensemble directory of finished runs and score it on the test split; return the directory.
-    fusion: "sum" or "weighted" (see the module docstring)."""
+    fusion: "sum", "weighted" or "stacked" (see the module docstring)."""
     check_fusion(fusion)
     if len(run_dirs) < 2:
         raise XmcError(f"an ensemble needs at least two runs, got {len(run_dirs)}")
@@ -424,14 +447,15 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
     dataset = open_dataset(registry, dataset_ref, data_dir, reading_of(first.config))
     sha = labels_digest(names)
     same_data = all(m.config.get("dataset") == dataset_ref for m in members)
-    if fusion == "weighted":
+    if fusion in FITTED_RULES:
         if not same_data:
-            raise XmcError("--fusion weighted chooses weights on the members' shared validation rows, so every "
+            raise XmcError(f"--fusion {fusion} is fitted on the members' shared validation rows, so every "
                            f"member must be trained on one dataset; {first.path} was trained on {dataset_ref} and "
                            "another member was not")
-        rule = fit_fusion(members, dataset, top_k)
-        log(f"weighted fusion: weights {describe_weights(rule)}, chosen on {rule.record['validation_documents']} "
-            f"validation documents ({FUSION_OBJECTIVE}: {rule.record['validation']['objective']:+.2f})")
+        rule = fit_fusion(members, dataset, top_k, fusion)
+        chosen = describe_weights(rule) if rule.stacking is not None else f"weights {describe_weights(rule)}"
+        log(f"{fusion} fusion: {chosen}, chosen on {rule.record['validation_documents']} validation documents "
+            f"({FUSION_OBJECTIVE}: {rule.record['validation']['objective']:+.2f})")
     else:
         rule = Fusion()
     saved = _saved_predictions(members, dataset, top_k) if same_data else None
@@ -463,13 +487,14 @@ def _write_ensemble(output: Path, members: list[Member], refs: list[str], top_k:
     """The files of an ensemble directory (module docstring) into `output`, metrics.json last."""
     first = members[0]
     # schema 1 for sum, which every xmcbench reads right; 2 makes one that predates weighted fusion refuse it, 3 one
-    # that predates weights per bin (it would fuse with the one weight per member and say nothing)
-    schema = 1 if rule.rule == "sum" else 2 if rule.bin_weights is None else 3
+    # that predates weights per bin (it would fuse with the one weight per member and say nothing), 4 one that
+    # predates the stacked rule
+    schema = 1 if rule.rule == "sum" else 4 if rule.rule == "stacked" else 2 if rule.bin_weights is None else 3
     write_json(output / ENSEMBLE_FILE, {"schema": schema, "members": refs, "top_k": top_k,
                                         "label_names_sha256": sha, "fusion": rule.to_json()})
     write_json(output / "config.json", {
-        "method": ("ensemble(" if rule.rule == "sum" else "weighted-ensemble(") + "+".join(m.method for m in members)
-        + ")",
+        "method": ("ensemble(" if rule.rule == "sum" else f"{rule.rule}-ensemble(")
+        + "+".join(m.method for m in members) + ")",
         "dataset": dataset_ref, "dataset_name": dataset.name, "dataset_version": dataset.version,
         "members": refs, "config": first.config.get("config", {}), "fusion": rule.summary(),
         "resolved": {**first.config.get("resolved", {}), "num_labels": len(vocabulary(members)),

@@ -1,6 +1,6 @@
-"""How an ensemble fuses its members' top lists, and how weighted fusion chooses its weights.
+"""How an ensemble fuses its members' top lists: how weighted fusion chooses its weights, and stacked fusion its model.
 
-Both fusion rules (`--fusion`) work on the union of the members' top-k label ids per document (a label
+The fusion rules (`--fusion`) work on the union of the members' top-k label ids per document (a label
 outside a member's top-k gets nothing from that member); the ensemble's ranking is the top-k of the fused
 scores (ties: lower id first).
 
@@ -32,6 +32,16 @@ scores (ties: lower id first).
   the weights of its neighbour toward the head), and each group gets weights of its own, by coordinate ascent
   from the weights above (choose_bin_weights): one member may lead the head and another the tail. They are kept
   only when they score better on the validation rows than one weight per member; the record says which, and why.
+- `stacked`: the same normalisation, then a logistic regression (STACKING_C) fitted on the same validation rows,
+  over every label in some member's top-k of each row: whether it is relevant, from each member's normalised score
+  of it (0 outside that member's top-k) and whether it is in that member's top-k, both also times the label's depth
+  (log10(1 + its training documents)), and the depth and its square (candidate_features). So one member may be
+  trusted on the rare labels and another on the frequent ones without bin boundaries, and a label only the weaker
+  member proposes keeps a chance. Labels are ranked by the model's log-odds + alpha x log(1 / propensity), alpha in
+  STACKING_ALPHAS chosen by FUSION_OBJECTIVE (alpha 0 orders by the estimated probability, what maximises expected
+  P@k; alpha 1 by probability times inverse propensity, what maximises expected PSP@k). It needs
+  STACKING_MIN_POSITIVES relevant labels among the validation rows' candidates. The weights `weighted` would choose
+  are chosen and recorded too, beside the stacked model's validation figures.
   The validation rows: every member must have `validation_predictions.safetensors` (written by
   `xmcbench run` when validation_size > 0; see xmcbench.rundir.save_validation_predictions) over the same
   training rows, i.e. trained with the same seed, validation_size and max_train_docs. Their truth is the
@@ -50,9 +60,10 @@ from typing import Sequence
 import numpy as np
 
 from xmcbench.errors import DamagedModel
-from xmcbench.metrics import evaluate
+from xmcbench.metrics import evaluate, relevant
 
-FUSION_RULES = ("sum", "weighted")
+FUSION_RULES = ("sum", "weighted", "stacked")
+FITTED_RULES = ("weighted", "stacked")   # fitted on the members' validation rows
 FUSION_OBJECTIVE = "the smallest lead over a member alone in P@1 or PSP@5"
 QUANTILES = 201          # validation-score quantiles kept per member: every half percent
 MAX_GRID_POINTS = 500    # weight combinations tried at most
@@ -63,6 +74,13 @@ WEIGHT_BINS = (3, 30)
 WEIGHT_BIN_NAMES = ("0-3", "4-30", ">30")
 MIN_BIN_POSITIVES = 50
 BIN_SEARCH_PASSES = 2
+# The stacked model: a logistic regression over every label in some member's top-k, fitted on the validation rows
+STACKING_FEATURES = ("normalised score", "in the top-k", "normalised score x depth", "in the top-k x depth")
+STACKING_LABEL_FEATURES = ("depth", "depth^2")   # depth: log10(1 + the label's training documents)
+STACKING_C = 1.0                                 # scikit-learn's C: the inverse strength of the L2 penalty
+STACKING_ALPHAS = tuple(step / 10 for step in range(11))
+STACKING_MIN_POSITIVES = 2 * MIN_BIN_POSITIVES   # validation positives among the candidates a fit needs
+STACKING_BLOCK_ELEMENTS = 1 << 24                # bounds the memory of ranking many documents at --top-k 100
 
 
 def combine(labels: Sequence[np.ndarray], scores: Sequence[np.ndarray], top_k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -110,7 +128,11 @@ class Fusion:
     rule "weighted": weights (one per member, >= 0, summing to 1) and quantiles (per member, its (Q,) sorted
     validation-score quantiles); record: what the weights were chosen on and how well they did. With
     bin_weights (one list of member weights per weight bin, WEIGHT_BINS) a label's scores are weighted by its
-    bin's weights; label_bins: (L,) the bin of each label of the ensemble's vocabulary."""
+    bin's weights; label_bins: (L,) the bin of each label of the ensemble's vocabulary. rule "stacked": the
+    same, plus stacking ({"coefficients": (4M + 2,) floats in the order of stacking_feature_names, "intercept",
+    "alpha"}), which ranks the labels instead of the weights (stacked_ranking; the weights are kept as what
+    "weighted" would have chosen); label_depth: (L,) log10(1 + each label's training documents),
+    label_log_inverse_propensity: (L,) log(1 / propensity)."""
 
     rule: str = "sum"
     weights: list[float] | None = None
@@ -118,6 +140,9 @@ class Fusion:
     record: dict = field(default_factory=dict)
     bin_weights: list[list[float]] | None = None
     label_bins: np.ndarray | None = None
+    stacking: dict | None = None
+    label_depth: np.ndarray | None = None
+    label_log_inverse_propensity: np.ndarray | None = None
 
     def weight_table(self) -> np.ndarray:
         """(M, B) the weight of each member in each bin; B = 1 without bin weights."""
@@ -130,20 +155,27 @@ class Fusion:
         if self.rule == "sum":
             return {"rule": "sum", "normalisation": "none (raw scores)"}
         bins = {} if self.bin_weights is None else {"bin_weights": self.bin_weights}
-        return {"rule": "weighted", "normalisation": "validation-quantiles", "weights": self.weights, **bins,
-                **self.record}
+        stacking = {} if self.stacking is None else {"stacking": self.stacking}
+        return {"rule": self.rule, "normalisation": "validation-quantiles", "weights": self.weights, **bins,
+                **stacking, **self.record}
 
     def to_json(self) -> dict:
-        """The fusion as ensemble.json keeps it: the summary, plus the quantiles (and label bins) for weighted."""
+        """The fusion as ensemble.json keeps it: the summary, plus the quantiles (and the label bins, or the
+        stacked model's label arrays) for the fitted rules."""
         if self.rule == "sum":
             return self.summary()
         bins = {} if self.label_bins is None else {"label_bins": [int(b) for b in self.label_bins]}
-        return {**self.summary(), "quantiles": [[float(value) for value in q] for q in self.quantiles], **bins}
+        labels = {} if self.stacking is None else {
+            "label_depth": [float(value) for value in self.label_depth],
+            "label_log_inverse_propensity": [float(value) for value in self.label_log_inverse_propensity]}
+        return {**self.summary(), "quantiles": [[float(value) for value in q] for q in self.quantiles], **bins,
+                **labels}
 
     @staticmethod
     def from_json(spec, num_members: int, path: Path) -> "Fusion":
-        damaged = (f"{path} has a damaged \"fusion\" entry (a rule, and for weighted one weight and one list of "
-                   "quantiles per member); rebuild the ensemble with `xmcbench ensemble`")
+        damaged = (f"{path} has a damaged \"fusion\" entry (a rule, and for weighted and stacked one weight and one "
+                   "list of quantiles per member, for stacked a stacked model); rebuild the ensemble with "
+                   "`xmcbench ensemble`")
         if spec is None:   # an ensemble written before fusion rules existed: the paper's sum
             return Fusion()
         if not isinstance(spec, dict) or spec.get("rule") not in FUSION_RULES:
@@ -175,9 +207,31 @@ class Fusion:
                     or label_bins.ndim != 1 or label_bins.size == 0 or label_bins.min() < 0 \
                     or label_bins.max() >= len(bin_weights):
                 raise DamagedModel(damaged)
+        stacking, depth, log_inverse = (spec.get(key) for key in
+                                        ("stacking", "label_depth", "label_log_inverse_propensity"))
+        if (stacking is None) != (depth is None) or (stacking is None) != (log_inverse is None) \
+                or (stacking is None) != (spec["rule"] == "weighted"):
+            raise DamagedModel(damaged)
+        if stacking is not None:
+            try:
+                coefficients = [float(value) for value in stacking["coefficients"]]
+                stacking = {**stacking, "coefficients": coefficients, "intercept": float(stacking["intercept"]),
+                            "alpha": float(stacking["alpha"])}
+                depth = np.asarray(depth, dtype=np.float64)
+                log_inverse = np.asarray(log_inverse, dtype=np.float64)
+            except (TypeError, ValueError, KeyError):
+                raise DamagedModel(damaged) from None
+            if len(coefficients) != len(stacking_feature_names(num_members)) or depth.ndim != 1 or depth.size == 0 \
+                    or log_inverse.shape != depth.shape \
+                    or not all(math.isfinite(value) for value in (*coefficients, stacking["intercept"],
+                                                                   stacking["alpha"])) \
+                    or not np.all(np.isfinite(depth)) or not np.all(np.isfinite(log_inverse)):
+                raise DamagedModel(damaged)
         record = {key: value for key, value in spec.items()
-                  if key not in ("rule", "normalisation", "weights", "quantiles", "bin_weights", "label_bins")}
-        return Fusion("weighted", weights, quantiles, record, bin_weights, label_bins)
+                  if key not in ("rule", "normalisation", "weights", "quantiles", "bin_weights", "label_bins",
+                                 "stacking", "label_depth", "label_log_inverse_propensity")}
+        return Fusion(spec["rule"], weights, quantiles, record, bin_weights, label_bins, stacking, depth,
+                      log_inverse)
 
 
 def _valid_weights(weights: list[float]) -> bool:
@@ -211,6 +265,11 @@ def fuse(labels: Sequence[np.ndarray], scores: Sequence[np.ndarray], top_k: int,
     member's vocabulary size (nested vocabularies, see weighted_scores); None: one vocabulary."""
     if fusion.rule == "sum":
         return combine(labels, scores, top_k)
+    if fusion.stacking is not None:
+        normalised = [normalise(np.asarray(member_scores)[:, :top_k], quantiles)
+                      for member_scores, quantiles in zip(scores, fusion.quantiles)]
+        return stacked_ranking([np.asarray(member_labels)[:, :top_k] for member_labels in labels], normalised,
+                               fusion.stacking, fusion.label_depth, fusion.label_log_inverse_propensity, top_k)
     table = fusion.weight_table()
     # a member of weight 0 (in every bin) is left out before its scores are normalised
     normalised = [normalise(np.asarray(member_scores)[:, :top_k], quantiles) if weights.max() > 0 else None
@@ -382,14 +441,142 @@ def choose_weights(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray
     return best_weights, best_metrics, len(grid)
 
 
+def label_depth(counts: np.ndarray) -> np.ndarray:
+    """(L,) each label's training documents -> (L,) log10(1 + n): how frequent a label is, as the stacked model
+    reads it."""
+    return np.log10(1.0 + np.asarray(counts, dtype=np.float64))
+
+
+def stacking_feature_names(num_members: int) -> list[str]:
+    """The stacked model's features in order: STACKING_FEATURES for each member, then STACKING_LABEL_FEATURES."""
+    return [f"member {member + 1}: {name}" for member in range(num_members) for name in STACKING_FEATURES] \
+        + list(STACKING_LABEL_FEATURES)
+
+
+def candidate_features(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray],
+                       label_depth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every label in some member's top list, and what the stacked model reads of it.
+
+    labels[m]: (N, k) label ids of member m (-1: empty); normalised[m]: (N, k) its normalised scores; label_depth:
+    (L,) log10(1 + each label's training documents). Returns ids (N, M k), each label once per document (-1 in
+    the slots of empty and repeated ids), and features (N, M k, 4 M + 2) in the order of stacking_feature_names:
+    per member its normalised score of the label (0 outside its top list), whether the label is in its top list,
+    both times the label's depth; then the depth and its square."""
+    ids = np.concatenate([np.asarray(member_labels, dtype=np.int64) for member_labels in labels], axis=1)
+    if ids.size and ids.max() >= len(label_depth):
+        raise DamagedModel(f"a member ranked label {int(ids.max())}, beyond the {len(label_depth)} labels the "
+                           "ensemble's stacked model knows; rebuild the ensemble with `xmcbench ensemble`")
+    # a stable sort keeps each id's first slot first: the later slots of the same id are the repeats
+    order = np.argsort(ids, axis=1, kind="stable")
+    in_order = np.take_along_axis(ids, order, axis=1)
+    repeated = np.zeros(ids.shape, dtype=bool)
+    np.put_along_axis(repeated, order[:, 1:], in_order[:, 1:] == in_order[:, :-1], axis=1)
+    ids = np.where(repeated | (ids < 0), -1, ids)
+    depth = np.where(ids >= 0, label_depth[np.maximum(ids, 0)], 0.0)                      # (N, C)
+    columns = []
+    for member_labels, member_scores in zip(labels, normalised):
+        member_labels = np.asarray(member_labels, dtype=np.int64)
+        member_scores = np.asarray(member_scores, dtype=np.float64)
+        present = np.zeros(ids.shape)
+        score = np.zeros(ids.shape)
+        # a block of rows at a time: the comparison is (rows, C, k)
+        step = max(1, STACKING_BLOCK_ELEMENTS // max(1, ids.shape[1] * member_labels.shape[1]))
+        for start in range(0, len(ids), step):
+            block = slice(start, start + step)
+            match = (ids[block, :, None] == member_labels[block, None, :]) & (ids[block, :, None] >= 0)
+            present[block] = match.any(axis=2)
+            score[block] = np.where(match, member_scores[block, None, :], 0.0).max(axis=2)
+        columns += [score, present, score * depth, present * depth]
+    return ids, np.stack(columns + [depth, depth * depth], axis=2)
+
+
+def stacking_logits(features: np.ndarray, stacking: dict) -> np.ndarray:
+    """(..., F) candidate features -> (...) the stacked model's log-odds that the label is relevant."""
+    return features @ np.asarray(stacking["coefficients"], dtype=np.float64) + float(stacking["intercept"])
+
+
+def ranked_candidates(ids: np.ndarray, values: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(N, C) candidate ids (-1: none) and their ranking values -> the top_k labels (N, top_k) int64 (-1 padded)
+    and their values (N, top_k) float32 (the lowest float32 where padded); ties by ascending id."""
+    values = np.where(ids >= 0, values, -np.inf)
+    order = np.lexsort((np.where(ids >= 0, ids, np.iinfo(np.int64).max), -values), axis=1)[:, :top_k]
+    chosen, chosen_values = np.take_along_axis(ids, order, axis=1), np.take_along_axis(values, order, axis=1)
+    padding = max(0, top_k - ids.shape[1])
+    empty = chosen_values == -np.inf
+    out_labels = np.pad(np.where(empty, -1, chosen), ((0, 0), (0, padding)), constant_values=-1)
+    lowest = np.finfo(np.float32).min
+    out_values = np.pad(np.where(empty, lowest, chosen_values), ((0, 0), (0, padding)), constant_values=lowest)
+    return out_labels.astype(np.int64), out_values.astype(np.float32)
+
+
+def stacked_ranking(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray], stacking: dict,
+                    label_depth: np.ndarray, label_log_inverse_propensity: np.ndarray,
+                    top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The stacked model's top-k: each candidate (candidate_features) ranked by its log-odds plus alpha x log(1 /
+    propensity), which is alpha = 0 the order of the estimated probabilities (what maximises expected P@k) and
+    alpha = 1 their order weighted by inverse propensity (what maximises expected PSP@k). Shapes as in
+    candidate_features; returns (N, top_k) labels and values as ranked_candidates."""
+    candidates = sum(np.asarray(member_labels).shape[1] for member_labels in labels)
+    features_per_row = candidates * (len(STACKING_FEATURES) * len(labels) + len(STACKING_LABEL_FEATURES))
+    step = max(1, STACKING_BLOCK_ELEMENTS // max(1, features_per_row))   # the features of a block of rows at a time
+    ranked = []
+    for start in range(0, len(np.asarray(labels[0])), step):
+        block = slice(start, start + step)
+        ids, features = candidate_features([np.asarray(member_labels)[block] for member_labels in labels],
+                                           [np.asarray(member_scores)[block] for member_scores in normalised],
+                                           label_depth)
+        values = stacking_logits(features, stacking) \
+            + float(stacking["alpha"]) * label_log_inverse_propensity[np.maximum(ids, 0)]
+        ranked.append(ranked_candidates(ids, values, top_k))
+    if not ranked:
+        return ranked_candidates(np.full((0, candidates), -1, dtype=np.int64), np.zeros((0, candidates)), top_k)
+    return np.concatenate([block[0] for block in ranked]), np.concatenate([block[1] for block in ranked])
+
+
+def fit_stacking(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray], truth, inv_propensity: np.ndarray,
+                 top_k: int, label_depth: np.ndarray) -> tuple[dict, dict, int] | None:
+    """The stacked model fitted on the validation rows: a logistic regression (L2, C = STACKING_C) of whether each
+    candidate is relevant on its features (candidate_features), then alpha, the weight of log(1 / propensity)
+    in the ranking, the point of STACKING_ALPHAS that scores best on FUSION_OBJECTIVE (ties: the smaller).
+
+    Shapes as in choose_weights; label_depth: (L,), the labels the members can rank. Returns (the stacked model,
+    its validation P@1 / PSP@5 / objective, alphas tried), or None when the candidates hold fewer than
+    STACKING_MIN_POSITIVES relevant labels or no irrelevant one (nothing to fit)."""
+    from sklearn.linear_model import LogisticRegression   # scikit-learn loads only when a stacked model is fitted
+
+    ids, features = candidate_features(labels, normalised, label_depth)
+    present = ids >= 0
+    positives = relevant(ids, truth)[present]
+    if positives.sum() < STACKING_MIN_POSITIVES or positives.all():
+        return None
+    model = LogisticRegression(C=STACKING_C, max_iter=1000).fit(features[present], positives)
+    stacking = {"coefficients": [float(value) for value in model.coef_[0]], "intercept": float(model.intercept_[0]),
+                "features": stacking_feature_names(len(labels))}
+    logits = stacking_logits(features, stacking)
+    log_inverse = np.log(inv_propensity)[np.maximum(ids, 0)]
+    alone = members_alone(labels, truth, inv_propensity)
+    best_alpha, best_metrics = None, None
+    for alpha in STACKING_ALPHAS:
+        ranked, _ = ranked_candidates(ids, logits + alpha * log_inverse, top_k)
+        metrics = evaluate(ranked, truth, ks=(1, 5), inv_propensity=inv_propensity)
+        value = objective(metrics, alone)
+        if best_metrics is None or value > best_metrics["objective"] + 1e-9:
+            best_alpha, best_metrics = alpha, {"P@1": metrics["P@1"], "PSP@5": metrics["PSP@5"], "objective": value}
+    return {**stacking, "alpha": best_alpha}, best_metrics, len(STACKING_ALPHAS)
+
+
 def describe_weights(fusion: Fusion) -> str:
     """e.g. "lightxml 0.6, plt 0.4", or per weight bin "0-3 training documents: lightxml 0.2, plt 0.8; 4-30 ...",
-    bins that share their weights named once as their group ("0-30 training documents: ...")."""
+    bins that share their weights named once as their group ("0-30 training documents: ..."); for a stacked
+    fusion, its stacked model."""
     methods = fusion.record.get("member_methods") or [f"member {m + 1}" for m in range(len(fusion.weights))]
 
     def listed(weights):
         return ", ".join(f"{method} {weight:g}" for method, weight in zip(methods, weights))
 
+    if fusion.stacking is not None:
+        return (f"a stacked model of the members' normalised scores and the labels' training documents, ranking by "
+                f"its log-odds + {fusion.stacking['alpha']:g} x log(1 / propensity)")
     if fusion.bin_weights is None:
         return listed(fusion.weights)
     return "; ".join(f"{name} training documents: {listed(weights)}"

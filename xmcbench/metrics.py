@@ -33,9 +33,9 @@ import scipy.sparse
 
 from xmcbench.errors import XmcError
 
-__all__ = ["propensity_scores", "top_k", "evaluate", "format_metrics", "FREQUENCY_BINS", "frequency_bin_names",
-           "frequency_bin_of", "MetricFamily", "Ranking", "BUILTIN_FAMILIES", "selection_metrics", "metric_order",
-           "parse_at_k"]
+__all__ = ["propensity_scores", "top_k", "evaluate", "relevant", "format_metrics", "FREQUENCY_BINS",
+           "frequency_bin_names", "frequency_bin_of", "MetricFamily", "Ranking", "BUILTIN_FAMILIES",
+           "selection_metrics", "metric_order", "parse_at_k"]
 
 # (fewest, most) training documents of the labels in a bin; None: no upper end. See the module docstring.
 FREQUENCY_BINS = ((0, 0), (1, 1), (2, 3), (4, 10), (11, 30), (31, 100), (101, 300), (301, 1000), (1001, None))
@@ -130,6 +130,12 @@ def _gather_hits(predicted: np.ndarray, truth: scipy.sparse.csr_matrix) -> np.nd
     pos = np.minimum(np.searchsorted(truth_keys, query), truth_keys.size - 1)
     # An id of -1 forms the key of (row - 1, L - 1), which may exist, so empty slots are masked explicitly.
     return (predicted >= 0) & (truth_keys[pos] == query)
+
+
+def relevant(predicted: np.ndarray, truth) -> np.ndarray:
+    """(N, K) label ids (-1 for an empty slot) and (N, L) sparse truth -> (N, K) bool, True where the id is one of
+    its document's relevant labels: the hits every metric here counts."""
+    return _gather_hits(np.asarray(predicted, dtype=np.int64), _binary_csr(truth, "truth"))
 
 
 def _ideal_sums(truth: scipy.sparse.csr_matrix, weights: np.ndarray, ks: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -1099,7 +1099,7 @@ def _fusion_lines(groups: list[_Group], several_datasets: bool) -> list[str]:
             continue
         name = markdown_text(group.label + (f" on {group.dataset}" if several_datasets else ""))
         first = fusions[0][1]
-        if first.get("rule") != "weighted":
+        if first.get("rule") not in ("weighted", "stacked"):
             lines.append(f"- {name}: raw scores summed over the union of the members' top-k (the paper's rule)")
             continue
         per_seed = []
@@ -1112,8 +1112,11 @@ def _fusion_lines(groups: list[_Group], several_datasets: bool) -> list[str]:
                                  for method, weight in zip(methods, weights or []))
 
             weights = listed(fusion.get("weights"))
-            bins, bin_weights = fusion.get("bins"), fusion.get("bin_weights")
-            if isinstance(bin_weights, list) and isinstance(bins, list) and len(bins) == len(bin_weights):
+            bins, bin_weights, stacking = fusion.get("bins"), fusion.get("bin_weights"), fusion.get("stacking")
+            if isinstance(stacking, dict) and _is_number(stacking.get("alpha")):
+                weights = ("a stacked model (a logistic regression on the members' normalised scores and the labels' "
+                           f"training documents), ranking by its log-odds + {stacking['alpha']:g} x log(1 / propensity)")
+            elif isinstance(bin_weights, list) and isinstance(bins, list) and len(bins) == len(bin_weights):
                 weights = "per bin of training documents, " + "; ".join(
                     f"{markdown_text(name)}: {listed(row)}" for name, row in shared_bin_weights(bins, bin_weights))
             chosen = fusion.get("validation") or {}
@@ -1125,7 +1128,8 @@ def _fusion_lines(groups: list[_Group], several_datasets: bool) -> list[str]:
                 weights += f" (validation P@1 / PSP@5 {pairs[0]}; members alone " + ", ".join(pairs[1:]) + ")"
             per_seed.append(f"seed {seed}: {weights}")
         lines.append(f"- {name}: each member's scores normalised by its own validation scores (their empirical "
-                     f"distribution), weights chosen on {markdown_text(first.get('validation_documents', '?'))} "
+                     f"distribution), {'a stacked model fitted' if first.get('rule') == 'stacked' else 'weights chosen'} "
+                     f"on {markdown_text(first.get('validation_documents', '?'))} "
                      f"validation documents by {markdown_text(first.get('objective', '?'))}, never on test; "
                      + "; ".join(per_seed))
     return lines
