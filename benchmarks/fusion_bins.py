@@ -1,9 +1,11 @@
-"""Weighted fusion with one weight per member against weights per bin of training documents, on saved runs.
+"""Weighted fusion with one weight per member, with weights per bin of training documents, and stacked fusion, on
+saved runs.
 
-Builds the weighted ensemble of the given runs twice (xmcbench.ensemble.build_ensemble): once with weights per
-bin where the validation rows allow (what `xmcbench ensemble --fusion weighted` does), once with one weight per
-member (bins disabled by raising MIN_BIN_POSITIVES out of reach), and prints the test metrics of both beside the
-members'. Weights are chosen on the members' validation rows in both; the test set only scores.
+Builds the ensemble of the given runs (xmcbench.ensemble.build_ensemble) three ways: weighted with one weight per
+member (bins disabled by raising MIN_BIN_POSITIVES out of reach), weighted with weights per bin where the validation
+rows allow (what `xmcbench ensemble --fusion weighted` does), and stacked (`--fusion stacked`); it prints the test
+metrics of each beside the members'. Everything is chosen on the members' validation rows; the test set only
+scores.
 --weight-bins builds the per-bin ensemble once for each set of bin boundaries given (fusion.WEIGHT_BINS: "3,30"
 puts labels of at most 3, 4-30 and more training documents in three bins), instead of once with the default.
 
@@ -21,8 +23,10 @@ from xmcbench import ensemble, fusion
 SHOWN = ("P@1", "P@3", "P@5", "PSP@1", "PSP@3", "PSP@5")
 
 
-def build(runs: list[Path], output: Path, per_bin: bool, bins: tuple[int, ...] = fusion.WEIGHT_BINS) -> dict:
-    """The weighted ensemble's test metrics, with weights per bin of `bins` boundaries or one weight per member."""
+def build(runs: list[Path], output: Path, per_bin: bool, bins: tuple[int, ...] = fusion.WEIGHT_BINS,
+          rule: str = "weighted") -> dict:
+    """The ensemble's test metrics under `rule`, with weights per bin of `bins` boundaries or one weight per
+    member."""
     reachable, boundaries, names = fusion.MIN_BIN_POSITIVES, fusion.WEIGHT_BINS, fusion.WEIGHT_BIN_NAMES
     if not per_bin:
         fusion.MIN_BIN_POSITIVES = float("inf")
@@ -30,7 +34,7 @@ def build(runs: list[Path], output: Path, per_bin: bool, bins: tuple[int, ...] =
     for module in (fusion, ensemble):   # ensemble imported the names themselves
         module.WEIGHT_BINS, module.WEIGHT_BIN_NAMES = bins, bin_names
     try:
-        directory = ensemble.build_ensemble(runs, output, fusion="weighted", overwrite=True, log=print)
+        directory = ensemble.build_ensemble(runs, output, fusion=rule, overwrite=True, log=print)
     finally:
         fusion.MIN_BIN_POSITIVES = reachable
         for module in (fusion, ensemble):
@@ -46,7 +50,7 @@ def row(name: str, metrics: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("output", type=Path, help="folder for the two ensembles")
+    parser.add_argument("output", type=Path, help="folder for the ensembles")
     parser.add_argument("runs", type=Path, nargs="+", help="finished runs sharing one validation split")
     parser.add_argument("--weight-bins", nargs="+", default=[",".join(map(str, fusion.WEIGHT_BINS))],
                         help="sets of bin boundaries, each as comma-separated training-document counts")
@@ -55,6 +59,7 @@ def main() -> None:
     per_bin = {boundaries: build(args.runs, args.output / f"weights-per-bin-{boundaries.replace(',', '-')}",
                                  per_bin=True, bins=tuple(int(count) for count in boundaries.split(",")))
                for boundaries in args.weight_bins}
+    stacked = build(args.runs, args.output / "stacked", per_bin=True, rule="stacked")
     print("| | " + " | ".join(SHOWN) + " | P@5 from labels of 1 / 2-3 / 4-10 / 11-30 training docs |")
     print("|---" * (len(SHOWN) + 2) + "|")
     for run in args.runs:
@@ -62,6 +67,7 @@ def main() -> None:
     print(row("hybrid, one weight per member", one))
     for boundaries, metrics in per_bin.items():
         print(row(f"hybrid, weights per bin (boundaries {boundaries})", metrics))
+    print(row("hybrid, stacked (`--fusion stacked`)", stacked))
 
 
 if __name__ == "__main__":
