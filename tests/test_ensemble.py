@@ -179,13 +179,13 @@ def test_weights_per_bin_take_each_member_where_it_is_right():
 
 def test_a_bin_short_of_validation_positives_shares_its_neighbours_weights():
     minimum = fusion_rules.MIN_BIN_POSITIVES
-    # debian-debtags: 18 validation positives of labels with at most 3 training documents, 427 of 4-30, 8,489 more
+    # debian-debtags: 18 validation positives of labels with at most 3 training documents, 427 of 4-100, 8,489 more
     assert fusion_rules.weight_bin_groups([18, 427, 8489]) == [[0, 1], [2]]
     assert fusion_rules.weight_bin_groups([minimum, minimum, minimum]) == [[0], [1], [2]]
     assert fusion_rules.weight_bin_groups([minimum, 10, 10]) == [[0, 1, 2]], "a short head joins toward the tail"
     assert fusion_rules.weight_bin_groups([10, 10, 10]) == []
     assert [fusion_rules.weight_group_name(group) for group in ([0], [1], [2], [0, 1], [1, 2], [0, 1, 2])] == \
-        ["0-3", "4-30", ">30", "0-30", ">3", "all"]
+        ["0-3", "4-100", ">100", "0-100", ">3", "all"]
 
     # the tail member is right on labels 0-19: labels 0-1 (bin 0) take the weights the group with bin 1 earns
     truth, labels, scores, label_bins = members_right_in_different_bins()
@@ -199,13 +199,13 @@ def test_a_bin_short_of_validation_positives_shares_its_neighbours_weights():
 
     # the log and the report name a group once
     bins = [{"training_documents": name, "weights_shared_by": group}
-            for name, group in zip(fusion_rules.WEIGHT_BIN_NAMES, ("0-30", "0-30", ">30"))]
+            for name, group in zip(fusion_rules.WEIGHT_BIN_NAMES, ("0-100", "0-100", ">100"))]
     rule = fusion_rules.Fusion("weighted", weights, [np.zeros(1)] * 2, {"member_methods": ["tail", "head"], "bins": bins},
                                bin_weights=table.T.tolist(), label_bins=label_bins)
     described = fusion_rules.describe_weights(rule)
-    assert described.startswith("0-30 training documents: tail ") and described.count("training documents") == 2
+    assert described.startswith("0-100 training documents: tail ") and described.count("training documents") == 2
     older = [{"training_documents": name} for name in fusion_rules.WEIGHT_BIN_NAMES]   # recorded before groups
-    assert [name for name, _ in fusion_rules.shared_bin_weights(older, table.T.tolist())] == ["0-3", "4-30", ">30"]
+    assert [name for name, _ in fusion_rules.shared_bin_weights(older, table.T.tolist())] == ["0-3", "4-100", ">100"]
 
 
 def test_candidate_features_list_each_label_once_with_what_each_member_says_of_it():

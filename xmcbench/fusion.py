@@ -27,7 +27,7 @@ scores (ties: lower id first).
   Ties go to the weights closest to equal. A member at weight 0 (an ensemble.json written before every member took a
   step) is left out.
   Weights per bin: then the labels are put in weight bins by their training documents (WEIGHT_BINS: at most 3,
-  4 to 30, more; the counts the members' models saved in model/label_info.json). Adjacent bins are grouped until
+  4 to 100, more; the counts the members' models saved in model/label_info.json). Adjacent bins are grouped until
   each group holds at least MIN_BIN_POSITIVES validation positives (weight_bin_groups: a bin short of them shares
   the weights of its neighbour toward the head), and each group gets weights of its own, by coordinate ascent
   from the weights above (choose_bin_weights): one member may lead the head and another the tail. They are kept
@@ -67,11 +67,11 @@ FITTED_RULES = ("weighted", "stacked")   # fitted on the members' validation row
 FUSION_OBJECTIVE = "the smallest lead over a member alone in P@1 or PSP@5"
 QUANTILES = 201          # validation-score quantiles kept per member: every half percent
 MAX_GRID_POINTS = 500    # weight combinations tried at most
-# The weight bins: labels by their training documents, at most 3 (the tail, 0 included), 4 to 30, more (the head).
+# The weight bins: labels by their training documents, at most 3 (the tail, 0 included), 4 to 100, more (the head).
 # A group of adjacent bins gets weights of its own where the validation rows hold MIN_BIN_POSITIVES of its labels'
-# positives.
-WEIGHT_BINS = (3, 30)
-WEIGHT_BIN_NAMES = ("0-3", "4-30", ">30")
+# positives. 100 rather than 30: a comparison fixed before its six pairs were trained (BENCHMARKS.md section 11).
+WEIGHT_BINS = (3, 100)
+WEIGHT_BIN_NAMES = ("0-3", "4-100", ">100")
 MIN_BIN_POSITIVES = 50
 BIN_SEARCH_PASSES = 2
 # The stacked model: a logistic regression over every label in some member's top-k, fitted on the validation rows
@@ -371,7 +371,7 @@ def weight_bin_groups(positives: Sequence[int]) -> list[list[int]]:
 
 
 def weight_group_name(group: Sequence[int]) -> str:
-    """A group of adjacent weight bins by its training documents, e.g. [0, 1] -> "0-30", [2] -> ">30"."""
+    """A group of adjacent weight bins by its training documents, e.g. [0, 1] -> "0-100", [2] -> ">100"."""
     lowest = 0 if group[0] == 0 else WEIGHT_BINS[group[0] - 1] + 1
     if group[-1] >= len(WEIGHT_BINS):
         return f">{lowest - 1}" if lowest else "all"
@@ -566,8 +566,8 @@ def fit_stacking(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray],
 
 
 def describe_weights(fusion: Fusion) -> str:
-    """e.g. "lightxml 0.6, plt 0.4", or per weight bin "0-3 training documents: lightxml 0.2, plt 0.8; 4-30 ...",
-    bins that share their weights named once as their group ("0-30 training documents: ..."); for a stacked
+    """e.g. "lightxml 0.6, plt 0.4", or per weight bin "0-3 training documents: lightxml 0.2, plt 0.8; 4-100 ...",
+    bins that share their weights named once as their group ("0-100 training documents: ..."); for a stacked
     fusion, its stacked model."""
     methods = fusion.record.get("member_methods") or [f"member {m + 1}" for m in range(len(fusion.weights))]
 
