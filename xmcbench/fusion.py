@@ -41,7 +41,8 @@ scores (ties: lower id first).
   STACKING_ALPHAS chosen by FUSION_OBJECTIVE (alpha 0 orders by the estimated probability, what maximises expected
   P@k; alpha 1 by probability times inverse propensity, what maximises expected PSP@k). It needs
   STACKING_MIN_POSITIVES relevant labels among the validation rows' candidates. The weights `weighted` would choose
-  are chosen and recorded too, beside the stacked model's validation figures.
+  are chosen and recorded too, beside the stacked model's validation figures. A label outside a member's
+  vocabulary (zero-shot) reads as not proposed by that member; the validation rows hold none to learn otherwise.
   The validation rows: every member must have `validation_predictions.safetensors` (written by
   `xmcbench run` when validation_size > 0; see xmcbench.rundir.save_validation_predictions) over the same
   training rows, i.e. trained with the same seed, validation_size and max_train_docs. Their truth is the
