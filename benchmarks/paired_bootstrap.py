@@ -33,9 +33,10 @@ from xmcbench.storage import read_json
 
 METRICS = ("P@1", "PSP@5")
 K = 5
+BLOCK = 200   # resamples drawn at once
 
 
-def per_document(folder: Path, dataset, names: list[str], inv_propensity: np.ndarray, truth) -> dict:
+def per_document(folder: Path, names: list[str], inv_propensity: np.ndarray, truth) -> dict:
     """(N,) per test document of `folder`: its hit at rank 1, and the inverse propensities of its hits in the top 5
     (PSP@5's numerator), its saved label ids mapped into `names`."""
     own_names = read_json(folder / "predictions_labels.json", "the label names of the saved predictions")
@@ -80,7 +81,7 @@ def main() -> None:
                              propensity_b=settings.get("propensity_b", 0.0))
     weights = propensities(dataset, chosen, names).inverse
     ideal = _ideal_sums(truth, weights, [K])[0][:, 0]                                   # (N,)
-    scored = [per_document(folder, dataset, names, weights, truth) for folder in folders]
+    scored = [per_document(folder, names, weights, truth) for folder in folders]
     for folder, values in zip(folders, scored):
         saved = read_json(folder / "metrics.json", "the folder's test metrics")
         for metric in METRICS:
@@ -89,22 +90,26 @@ def main() -> None:
                 raise SystemExit(f"{folder}: {metric} from its saved predictions is {found:.2f}, its metrics.json says "
                                  f"{saved[metric]:.2f} (filtered pairs, other propensities or another dataset); this "
                                  "script cannot pair it")
-    draws = np.random.default_rng(args.seed).integers(0, truth.shape[0], size=(args.resamples, truth.shape[0]))
+    rng = np.random.default_rng(args.seed)
+    resampled = {(index, metric): [] for index in range(len(args.others)) for metric in METRICS}
+    for start in range(0, args.resamples, BLOCK):   # a block of resamples at a time: bounded memory on large sets
+        draws = rng.integers(0, truth.shape[0], size=(min(BLOCK, args.resamples - start), truth.shape[0]))
+        for (index, metric), found in resampled.items():
+            mine, theirs = scored[0][metric], scored[index + 1][metric]
+            found.append(figure(mine[draws], ideal[draws], metric) - figure(theirs[draws], ideal[draws], metric))
     leads_both = np.ones(args.resamples, dtype=bool)
     print(f"{args.folder} against each other folder, {truth.shape[0]} test documents, {args.resamples} paired "
           f"resamples (seed {args.seed})")
     print("| against | metric | first | other | lead | 95 % interval of the lead | resamples led |")
     print("|---|---|---|---|---|---|---|")
-    for other_folder, other in zip(args.others, scored[1:]):
+    for index, other_folder in enumerate(args.others):
         for metric in METRICS:
-            mine, theirs = scored[0][metric], other[metric]
-            lead = figure(mine, ideal, metric) - figure(theirs, ideal, metric)
-            resampled = figure(mine[draws], ideal[draws], metric) - figure(theirs[draws], ideal[draws], metric)
-            low, high = np.percentile(resampled, [2.5, 97.5])
-            leads_both &= resampled > 0
-            print(f"| {other_folder} | {metric} | {figure(mine, ideal, metric):.2f} | "
-                  f"{figure(theirs, ideal, metric):.2f} | {lead:+.2f} | {low:+.2f} to {high:+.2f} | "
-                  f"{np.mean(resampled > 0):.1%} |")
+            mine, theirs = figure(scored[0][metric], ideal, metric), figure(scored[index + 1][metric], ideal, metric)
+            leads = np.concatenate(resampled[(index, metric)])
+            low, high = np.percentile(leads, [2.5, 97.5])
+            leads_both &= leads > 0
+            print(f"| {other_folder} | {metric} | {mine:.2f} | {theirs:.2f} | {mine - theirs:+.2f} | "
+                  f"{low:+.2f} to {high:+.2f} | {np.mean(leads > 0):.1%} |")
     print(f"{args.folder} leads every other folder in both {' and '.join(METRICS)} in {leads_both.mean():.1%} of the "
           "resamples")
 
