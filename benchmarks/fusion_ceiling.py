@@ -36,7 +36,7 @@ SCALES = (0.5, 0.75, 1.0, 1.5, 2.0)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("ensemble", type=Path,
-                        help="a weighted ensemble, as `xmcbench ensemble --fusion weighted` builds it")
+                        help="a weighted or stacked ensemble, as `xmcbench ensemble --fusion weighted` builds it")
     parser.add_argument("--weight-bins", default=",".join(map(str, fusion.WEIGHT_BINS)),
                         help="bin boundaries in training documents, comma-separated")
     parser.add_argument("--free-scale", action="store_true", help="also scale each bin's weights (SCALES)")
@@ -45,9 +45,9 @@ def main() -> None:
         raise SystemExit(f"{args.ensemble} is not an ensemble folder; build one with `xmcbench ensemble RUN RUN "
                          "--fusion weighted`")
     built = ensemble.read_ensemble(args.ensemble)
-    if built.fusion.rule != "weighted":
+    if built.fusion.rule not in fusion.FITTED_RULES:
         raise SystemExit(f"{args.ensemble} was built with --fusion {built.fusion.rule}; its members have no validation "
-                         "quantiles to normalise with: build it with --fusion weighted")
+                         "quantiles to normalise with: build it with --fusion weighted (or stacked)")
     members = built.members
     recorded = members[0].config
     dataset = open_dataset(build_registry(), recorded["dataset"], None, reading_of(recorded))
@@ -100,7 +100,8 @@ def main() -> None:
           f"(P@1 {single_metrics['P@1']:.2f}, PSP@5 {single_metrics['PSP@5']:.2f})")
     shown = "; ".join(f"bin {column}: " + ", ".join(f"{w:g}" for w in table[:, column]) for column in range(num_bins))
     scaled = ", free scale" if args.free_scale else ""
-    print(f"ceiling, weights per bin (boundaries {args.weight_bins}{scaled}) {shown}: smallest lead {best:+.2f} (P@1 {best_metrics['P@1']:.2f}, PSP@5 {best_metrics['PSP@5']:.2f})")
+    print(f"ceiling, weights per bin (boundaries {args.weight_bins}{scaled}) {shown}: smallest lead {best:+.2f} "
+          f"(P@1 {best_metrics['P@1']:.2f}, PSP@5 {best_metrics['PSP@5']:.2f})")
 
 
 if __name__ == "__main__":
