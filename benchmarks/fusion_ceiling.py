@@ -95,7 +95,8 @@ def main() -> None:
                                                  for member, found in zip(members, alone)) + " (test P@1 / PSP@5)")
     as_built = evaluate(fusion.fuse(saved[0], saved[1], built.top_k, built.fusion, sizes)[0], truth, ks=(1, 5),
                         inv_propensity=inv_propensity)
-    print(f"the ensemble as built (chosen on validation): smallest lead on test {fusion.objective(as_built, alone):+.2f}")
+    print("the ensemble as built (chosen on validation): smallest lead on test "
+          f"{fusion.objective(as_built, alone):+.2f}")
     print(f"ceiling, one weight per member {single_point}: smallest lead {single_value:+.2f} "
           f"(P@1 {single_metrics['P@1']:.2f}, PSP@5 {single_metrics['PSP@5']:.2f})")
     shown = "; ".join(f"bin {column}: " + ", ".join(f"{w:g}" for w in table[:, column]) for column in range(num_bins))

@@ -107,7 +107,8 @@ def check_shared_validation(plans: dict[tuple[str, int], Plan]) -> None:
         split = [getattr(plan.config, key, None) for key in ("validation_size", "max_train_docs")]
         if split != [getattr(first, key, None) for key in ("validation_size", "max_train_docs")]:
             raise XmcError(f"--ensemble --fusion weighted or stacked needs one validation split per seed, but "
-                           f"{method} and {first_method} differ in validation_size or max_train_docs; set both with --set")
+                           f"{method} and {first_method} differ in validation_size or max_train_docs; set both with "
+                           "--set")
 
 
 def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds: list[int],

@@ -1115,7 +1115,8 @@ def _fusion_lines(groups: list[_Group], several_datasets: bool) -> list[str]:
             bins, bin_weights, stacking = fusion.get("bins"), fusion.get("bin_weights"), fusion.get("stacking")
             if isinstance(stacking, dict) and _is_number(stacking.get("alpha")):
                 weights = ("a stacked model (a logistic regression on the members' normalised scores and the labels' "
-                           f"training documents), ranking by its log-odds + {stacking['alpha']:g} x log(1 / propensity)")
+                           f"training documents), ranking by its log-odds + {stacking['alpha']:g} x "
+                           "log(1 / propensity)")
             elif isinstance(bin_weights, list) and isinstance(bins, list) and len(bins) == len(bin_weights):
                 weights = "per bin of training documents, " + "; ".join(
                     f"{markdown_text(name)}: {listed(row)}" for name, row in shared_bin_weights(bins, bin_weights))
@@ -1127,8 +1128,9 @@ def _fusion_lines(groups: list[_Group], several_datasets: bool) -> list[str]:
                 pairs = [f"{figures['P@1']:.2f} / {figures['PSP@5']:.2f}" for figures in shown]
                 weights += f" (validation P@1 / PSP@5 {pairs[0]}; members alone " + ", ".join(pairs[1:]) + ")"
             per_seed.append(f"seed {seed}: {weights}")
+        fitted = "a stacked model fitted" if first.get("rule") == "stacked" else "weights chosen"
         lines.append(f"- {name}: each member's scores normalised by its own validation scores (their empirical "
-                     f"distribution), {'a stacked model fitted' if first.get('rule') == 'stacked' else 'weights chosen'} "
+                     f"distribution), {fitted} "
                      f"on {markdown_text(first.get('validation_documents', '?'))} "
                      f"validation documents by {markdown_text(first.get('objective', '?'))}, never on test; "
                      + "; ".join(per_seed))
