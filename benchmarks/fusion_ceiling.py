@@ -4,9 +4,10 @@
 what the same family of fusions can reach at best: it keeps the ensemble's normalisation (each member's validation
 quantiles, from ENSEMBLE's ensemble.json) and searches the weights on the *test* documents themselves, by the fusion's
 own objective (xmcbench.fusion.objective: the smallest lead over any member alone in P@1 or PSP@5), over
-  - one weight per member: every point of xmcbench.fusion.weight_grid;
-  - weights per bin of training documents (fusion.WEIGHT_BINS, or --weight-bins): coordinate ascent from the best
-    single weight, each bin on its own (no MIN_BIN_POSITIVES grouping: the test set is what is searched);
+  - one weight per member: fusion.choose_weights over fusion.weight_grid;
+  - weights per bin of training documents (fusion.WEIGHT_BINS, or --weight-bins): fusion.choose_bin_weights, its
+    coordinate ascent from the best single weight, each bin on its own (no MIN_BIN_POSITIVES grouping: the test set
+    is what is searched);
   - with --free-scale, the same with each bin's weights scaled by one of SCALES as well, so a bin's labels may be
     raised or lowered against the other bins'.
 The figures are the test set's and were chosen on it: they bound what a choice on validation rows can reach with that
@@ -68,36 +69,22 @@ def main() -> None:
     label_bins = np.searchsorted(np.asarray(bounds), counts, side="left")                   # (L,)
     num_bins = len(bounds) + 1
 
-    def scored(table: np.ndarray) -> tuple[float, dict]:
-        fused, _ = fusion.weighted_fusion(top_lists, normalised, table, sizes, built.top_k, label_bins)
-        metrics = evaluate(fused, truth, ks=(1, 5), inv_propensity=inv_propensity)
-        return fusion.objective(metrics, alone), metrics
-
-    grid = fusion.weight_grid(len(members))
-    single = max(((scored(np.repeat(np.asarray(point)[:, None], num_bins, axis=1)), point) for point in grid),
-                 key=lambda found: found[0][0])
-    (single_value, single_metrics), single_point = single
-    points = [tuple(scale * w for w in point) for scale in (SCALES if args.free_scale else (1.0,)) for point in grid]
-    table = np.repeat(np.asarray(single_point, dtype=np.float64)[:, None], num_bins, axis=1)
-    best, best_metrics = single_value, single_metrics
-    for _ in range(fusion.BIN_SEARCH_PASSES + 1):
-        changed = False
-        for column in range(num_bins):
-            for point in points:
-                trial = table.copy()
-                trial[:, column] = point
-                value, metrics = scored(trial)
-                if value > best + 1e-9:
-                    table, best, best_metrics, changed = trial, value, metrics, True
-        if not changed:
-            break
+    # the fusion's own searches, with the test documents in the place of the validation rows
+    single_point, single_metrics, _ = fusion.choose_weights(top_lists, normalised, truth, inv_propensity, built.top_k,
+                                                            sizes)
+    scales = SCALES if args.free_scale else (1.0,)
+    points = [tuple(scale * w for w in point) for scale in scales for point in fusion.weight_grid(len(members))]
+    table, best_metrics, _ = fusion.choose_bin_weights(top_lists, normalised, truth, inv_propensity, built.top_k,
+                                                       sizes, label_bins, single_point,
+                                                       [[column] for column in range(num_bins)], num_bins, points)
+    single_value, best = single_metrics["objective"], best_metrics["objective"]
     print(f"{args.ensemble}: members " + ", ".join(f"{member.method} {found['P@1']:.2f} / {found['PSP@5']:.2f}"
                                                  for member, found in zip(members, alone)) + " (test P@1 / PSP@5)")
     as_built = evaluate(fusion.fuse(saved[0], saved[1], built.top_k, built.fusion, sizes)[0], truth, ks=(1, 5),
                         inv_propensity=inv_propensity)
     print("the ensemble as built (chosen on validation): smallest lead on test "
           f"{fusion.objective(as_built, alone):+.2f}")
-    print(f"ceiling, one weight per member {single_point}: smallest lead {single_value:+.2f} "
+    print(f"ceiling, one weight per member {tuple(single_point)}: smallest lead {single_value:+.2f} "
           f"(P@1 {single_metrics['P@1']:.2f}, PSP@5 {single_metrics['PSP@5']:.2f})")
     shown = "; ".join(f"bin {column}: " + ", ".join(f"{w:g}" for w in table[:, column]) for column in range(num_bins))
     scaled = ", free scale" if args.free_scale else ""

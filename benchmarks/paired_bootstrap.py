@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
+from xmcbench.config import TrainConfig
 from xmcbench.errors import XmcError
 from xmcbench.formats import open_dataset
 from xmcbench.metrics import _ideal_sums, relevant
@@ -72,14 +72,12 @@ def main() -> None:
     recorded = read_json(args.folder / "config.json", "the first folder's configuration")
     try:
         dataset = open_dataset(build_registry(), recorded["dataset"], None, reading_of(recorded))
+        settings = TrainConfig.from_dict(recorded.get("config", {}))
     except XmcError as exc:
         raise SystemExit(str(exc)) from None
     names = list(dataset.label_names)
     truth = remap_labels(dataset.test_labels, dataset.label_names, names)
-    settings = recorded.get("config", {})
-    chosen = SimpleNamespace(propensity_a=settings.get("propensity_a", 0.0),
-                             propensity_b=settings.get("propensity_b", 0.0))
-    weights = propensities(dataset, chosen, names).inverse
+    weights = propensities(dataset, settings, names).inverse
     ideal = _ideal_sums(truth, weights, [K])[0][:, 0]                                   # (N,)
     scored = [per_document(folder, names, weights, truth) for folder in folders]
     for folder, values in zip(folders, scored):

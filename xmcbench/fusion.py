@@ -382,13 +382,15 @@ def weight_group_name(group: Sequence[int]) -> str:
 def choose_bin_weights(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray], truth,
                        inv_propensity: np.ndarray, top_k: int, sizes: Sequence[int] | None, label_bins: np.ndarray,
                        start: Sequence[float], searched: Sequence[Sequence[int]],
-                       num_bins: int | None = None) -> tuple[np.ndarray, dict, int]:
+                       num_bins: int | None = None, grid: Sequence[Sequence[float]] | None = None
+                       ) -> tuple[np.ndarray, dict, int]:
     """Weights per bin: from `start` (the weights of choose_weights) in every bin, each group of bins of
     `searched` (weight_bin_groups) in turn takes the point of weight_grid() that scores best on FUSION_OBJECTIVE
     over the validation rows, the other bins held, for BIN_SEARCH_PASSES passes (coordinate ascent; a change must
     beat the current objective). The bins of a group share their weights. Shapes as in choose_weights;
-    label_bins: (L,) each label's bin; num_bins: B (default: the highest bin in label_bins, plus one). Returns
-    ((M, B) weights, their validation P@1 / PSP@5 / objective, fusions evaluated)."""
+    label_bins: (L,) each label's bin; num_bins: B (default: the highest bin in label_bins, plus one); grid: the
+    points tried (default weight_grid()). Returns ((M, B) weights, their validation P@1 / PSP@5 / objective,
+    fusions evaluated)."""
     num_bins = num_bins or (int(label_bins.max()) + 1 if len(label_bins) else 1)
     alone = members_alone(labels, truth, inv_propensity)
 
@@ -400,7 +402,7 @@ def choose_bin_weights(labels: Sequence[np.ndarray], normalised: Sequence[np.nda
 
     table = np.repeat(np.asarray(start, dtype=np.float64)[:, None], num_bins, axis=1)
     best, best_metrics = scored(table)
-    evaluations, grid = 1, weight_grid(len(labels))
+    evaluations, grid = 1, weight_grid(len(labels)) if grid is None else grid
     for _ in range(BIN_SEARCH_PASSES):
         changed = False
         for group in searched:
