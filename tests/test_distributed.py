@@ -81,3 +81,28 @@ def test_last_batch_smaller_than_the_number_of_processes(tmp_path):
     double = xmcbench_run("lightxml", dataset, model_dir, tmp_path / "two", 2, env)
     for one, two in zip(single["steps"], double["steps"], strict=True):
         assert two["loss"] == pytest.approx(one["loss"], abs=LOSS_TOLERANCE)
+
+
+def test_a_non_main_process_ends_without_the_interpreters_finalization(tiny_model_dir, tiny_dataset, tmp_path,
+                                                                         monkeypatch):
+    """`xmcbench run` in a process other than rank 0 leaves through os._exit(0) once its part is done: in the
+    interpreter's finalization such a process aborted now and then, and torchrun then killed rank 0 mid-write."""
+    from typer.testing import CliRunner
+
+    from xmcbench.cli import app
+
+    exits = []
+
+    def record_exit(code):
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", record_exit)
+    monkeypatch.setenv("RANK", "1")   # WORLD_SIZE unset: the run itself is a single process
+    arguments = ["run", "lightxml", "--dataset", str(tiny_dataset), "--output", str(tmp_path / "run")]
+    for key, value in {"model_name": tiny_model_dir, "pretrained_weights": "false", "num_layers": 2, "epochs": 1,
+                       "max_length": 16, "threads": 1, "cluster_size": 2, "top_clusters": 2, "hidden_size": 8}.items():
+        arguments += ["--set", f"{key}={value}"]
+    result = CliRunner().invoke(app, arguments)
+    assert exits == [0] and result.exit_code == 0, result.output
+    assert "P@1" not in result.output, "process 0 reports; the others stay silent"

@@ -94,7 +94,7 @@ def run_command(method: Optional[str] = typer.Argument(None, help="method name, 
                 label_texts: Optional[Path] = LabelTextsOption):
     """Train METHOD on a dataset, predict its test set, score it and write a run directory."""
     from xmcbench import api
-    from xmcbench.distributed import is_main_process
+    from xmcbench.distributed import end_other_process, is_main_process
     from xmcbench.formats import FormatOptions
     from xmcbench.metrics import format_metrics
 
@@ -116,7 +116,7 @@ def run_command(method: Optional[str] = typer.Argument(None, help="method name, 
     run = api.train(method, dataset, output=output, overwrite=overwrite,
                     log=lambda line: typer.echo(line, err=True), **arguments)
     if not is_main_process():   # the other processes of a torchrun run: process 0 reports
-        return
+        end_other_process()
     timings = json.loads((run.path / "timings.json").read_text())
     typer.echo(format_metrics({k: v for k, v in run.metrics.items() if isinstance(v, float)}))
     typer.echo(f"train {timings['train_seconds']:.0f} s ({timings['train_ms_per_document']:.1f} ms/document/epoch), "
