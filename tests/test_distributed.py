@@ -99,6 +99,7 @@ def test_a_non_main_process_ends_without_the_interpreters_finalization(tiny_mode
 
     monkeypatch.setattr(os, "_exit", record_exit)
     monkeypatch.setenv("RANK", "1")   # WORLD_SIZE unset: the run itself is a single process
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     arguments = ["run", "lightxml", "--dataset", str(tiny_dataset), "--output", str(tmp_path / "run")]
     for key, value in {"model_name": tiny_model_dir, "pretrained_weights": "false", "num_layers": 2, "epochs": 1,
                        "max_length": 16, "threads": 1, "cluster_size": 2, "top_clusters": 2, "hidden_size": 8}.items():
