@@ -1351,6 +1351,11 @@ def test_an_unknown_score_combiner(tmp_path):
     assert_one_line_error(xmcbench("config", "lightxml", "--set", "ranker_weight=1.5"), "ranker_weight=1.5 is out of range")
 
 
+def test_an_unknown_validation_split(tmp_path):
+    assert_one_line_error(xmcbench("config", "lightxml", "--set", "validation_split=by-package"),
+                          "validation_split='by-package' is not one of random, grouped")
+
+
 def test_a_zero_shot_share_out_of_range(tmp_path):
     assert_one_line_error(xmcbench("config", "lightxml", "--set", "zero_shot_labels=1"),
                           "zero_shot_labels=1 is out of range")

@@ -104,11 +104,11 @@ def check_shared_validation(plans: dict[tuple[str, int], Plan]) -> None:
     for (method, seed), plan in plans.items():
         first_method = next(m for (m, s) in plans if s == seed)
         first = plans[(first_method, seed)].config
-        split = [getattr(plan.config, key, None) for key in ("validation_size", "max_train_docs")]
-        if split != [getattr(first, key, None) for key in ("validation_size", "max_train_docs")]:
+        keys = ("validation_size", "validation_split", "max_train_docs")
+        if [getattr(plan.config, key, None) for key in keys] != [getattr(first, key, None) for key in keys]:
             raise XmcError(f"--ensemble --fusion weighted or stacked needs one validation split per seed, but "
-                           f"{method} and {first_method} differ in validation_size or max_train_docs; set both with "
-                           "--set")
+                           f"{method} and {first_method} differ in validation_size, validation_split or "
+                           "max_train_docs; set them with --set")
 
 
 def run_cells(registry: Registry, methods: list[str], dataset: str | None, seeds: list[int],

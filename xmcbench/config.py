@@ -69,6 +69,9 @@ class TrainConfig:
     checkpoint_every_epochs: int = 1
     keep_checkpoint: bool = False   # keep the final training checkpoint once the run has finished
     validation_size: int = 0       # training documents held out for model selection (0: none, keep the last)
+    # how they are drawn: "random" (a seeded draw), or "grouped" (near-copies, TF-IDF cosine >= 0.9, all on one
+    # side, as a test split that keeps related documents together; xmcbench.runs.splits)
+    validation_split: str = "random"
     selection_metric: str = "P@5"  # validation metric that selects the epoch (and stops early): P@k, nDCG@k, PSP@k
     patience: int = 0              # stop after this many epochs without a better validation score (0: never)
     max_train_docs: int = 0        # train on a seeded subset (0: all)
@@ -111,6 +114,9 @@ class TrainConfig:
             if (low is not None and value < low) or (high is not None and value > high):
                 bounds = f"at least {low}" if high is None else f"between {low} and {high}"
                 raise RefusedSetting(f"{source}: {key}={value} is out of range; it must be {bounds}")
+        if self.validation_split not in VALIDATION_SPLITS:
+            raise RefusedSetting(f"{source}: validation_split={self.validation_split!r} is not one of "
+                                 f"{', '.join(VALIDATION_SPLITS)}")
         if self.score_combiner not in SCORE_COMBINERS:
             raise RefusedSetting(f"{source}: score_combiner={self.score_combiner!r} is not one of "
                                  f"{', '.join(SCORE_COMBINERS)}")
@@ -208,6 +214,7 @@ SETTING_RANGES: dict[str, tuple[float | None, float | None]] = {
     "threads": (0, 4096), "seed": (0, 2**32 - 1), "top_k": (METRIC_MAX_K, MAX_TOP_K),
     "propensity_a": (0.0, 10.0), "propensity_b": (0.0, 1000.0), "ranker_weight": (0.0, 1.0),
 }
+VALIDATION_SPLITS = ("random", "grouped")
 # How a label's final score follows from its own probability p (its ranker's, (B, C)) and q, its leaf cluster's
 # (under a retriever: its own search score's), (B, C): f(p, q, ranker_weight) -> (B, C) (xmcbench.model).
 SCORE_COMBINERS = {

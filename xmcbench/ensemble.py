@@ -254,7 +254,8 @@ def _saved_predictions(members: list[Member], dataset, top_k: int):
 
 def _validation_settings(member: Member) -> str:
     settings = member.config.get("config", {})
-    return (f"validation_size={settings.get('validation_size', '?')}, seed={settings.get('seed', '?')}, "
+    return (f"validation_size={settings.get('validation_size', '?')}, "
+            f"validation_split={settings.get('validation_split', 'random')}, seed={settings.get('seed', '?')}, "
             f"max_train_docs={settings.get('max_train_docs', '?')}")
 
 

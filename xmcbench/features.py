@@ -50,12 +50,14 @@ def bind_scikit_learn() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def tfidf_features(train_texts: list[str], max_features: int | None = None) -> sp.csr_matrix:
-    """TF-IDF features of the training texts, used only to build label representations.
+def tfidf_features(train_texts: list[str], max_features: int | None = None,
+                   min_df: int | None = None) -> sp.csr_matrix:
+    """TF-IDF features of the training texts, used only to build label representations and to compare texts.
 
     train_texts: N strings.
     Returns (N, F) csr float32, rows L2-normalised (sublinear tf, unigrams, lowercase,
-    min_df=2, or 1 when N < 50 because on tiny corpora min_df=2 would drop almost every term).
+    min_df=2, or 1 when N < 50 because on tiny corpora min_df=2 would drop almost every term). min_df=1 keeps
+    every term, for a cosine between two texts that words only one of them has must lower.
     """
     bind_scikit_learn()
 
@@ -63,7 +65,7 @@ def tfidf_features(train_texts: list[str], max_features: int | None = None) -> s
     vectorizer = TfidfVectorizer(
         lowercase=True,
         ngram_range=(1, 1),
-        min_df=2 if n >= 50 else 1,
+        min_df=min_df if min_df is not None else (2 if n >= 50 else 1),
         sublinear_tf=True,
         max_features=max_features,
         dtype=np.float32,
