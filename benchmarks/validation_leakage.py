@@ -12,8 +12,13 @@ row (xmcbench.features.tfidf_features: sublinear tf, unigrams, vocabulary of all
 least each threshold. With --members, it also rebuilds the weighted fusion of those runs (the first is RUN) with the
 validation rows that have a near-copy (cosine >= --leave-out) left out of the weights' fit, and prints the
 ensemble's test metrics beside the members'; the runs are not changed, the rebuilt ensemble goes to --output.
+With --grouped-at, it draws for each cosine C the split validation_split=grouped would draw if near-copies were
+pairs at cosine >= C (xmcbench.runs.splits.grouped_validation; the option itself uses 0.9) from RUN's seed,
+validation_size and max_train_docs, and prints the same shares for it: which C makes validation rows stand to
+their training rows as the test documents do. Nothing is trained.
 
     python benchmarks/validation_leakage.py RUN [--members RUN RUN ...] [--leave-out 0.9] [--output DIR]
+    python benchmarks/validation_leakage.py RUN --grouped-at 0.9 0.7 0.5
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from xmcbench.features import tfidf_features
 from xmcbench.formats import open_dataset
 from xmcbench.registry import build_registry
 from xmcbench.rundir import VALIDATION_PREDICTIONS_FILE, reading_of
-from xmcbench.runs.splits import training_pool
+from xmcbench.runs.splits import grouped_validation, training_pool
 
 THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95)
 CHUNK = 1000
@@ -79,6 +84,8 @@ def main() -> None:
     parser.add_argument("--leave-out", type=float, default=0.9,
                         help="with --members: leave out validation rows with a fitted row at this cosine or more")
     parser.add_argument("--output", type=Path, default=Path("ENSEMBLES/without-near-copies"))
+    parser.add_argument("--grouped-at", type=float, nargs="*", default=[],
+                        help="cosines C: print the shares for the grouped split drawn with near-copies at C or more")
     args = parser.parse_args()
 
     for run in (args.run_dir, *args.members):
@@ -102,6 +109,14 @@ def main() -> None:
     for threshold in THRESHOLDS:
         print(f"| >= {threshold:g} | {np.mean(validation_cosine >= threshold):.1%} | "
               f"{np.mean(test_cosine >= threshold):.1%} |")
+    test_rows = train_count + np.arange(len(dataset.test_texts))
+    for cosine in args.grouped_at:
+        grouped = np.sort(grouped_validation(dataset, pool, len(validation), cosine))
+        grouped_fitted = np.sort(np.setdiff1d(pool, grouped))
+        shares = [nearest_fitted_cosine(features, rows, grouped_fitted) for rows in (grouped, test_rows)]
+        print(f"grouped at cosine {cosine:g} ({len(grouped)} validation rows), share at "
+              + ", ".join(f">= {threshold:g}: {np.mean(shares[0] >= threshold):.1%} / {np.mean(shares[1] >= threshold):.1%}"
+                          for threshold in THRESHOLDS) + " (validation rows / test documents)")
     if args.members:
         members = [args.run_dir, *args.members]
         keep = validation_cosine < args.leave_out

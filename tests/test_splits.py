@@ -65,6 +65,13 @@ def test_without_near_copies_a_grouped_split_is_the_random_one():
         assert all(np.array_equal(a, b) for a, b in zip(random, grouped))
 
 
+def test_the_near_copy_cosine_decides_what_joins():
+    dataset = families_dataset()
+    assert len(np.unique(near_copy_groups(dataset, np.arange(160)))) == 40
+    assert len(np.unique(near_copy_groups(dataset, np.arange(160), cosine=1.01))) == 160, "nothing is that close"
+    assert len(np.unique(near_copy_groups(dataset, np.arange(160), cosine=1e-6))) == 40, "families share no word"
+
+
 def test_a_dataset_of_features_only_is_grouped_by_its_features():
     dataset = families_dataset(features_only=True)
     groups = near_copy_groups(dataset, np.arange(160))

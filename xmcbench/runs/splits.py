@@ -27,10 +27,10 @@ NEAR_COPY_COSINE = 0.9
 _NEAR_COPY_BLOCK = 20_000_000
 
 
-def near_copy_groups(dataset: Dataset, rows: np.ndarray) -> np.ndarray:
+def near_copy_groups(dataset: Dataset, rows: np.ndarray, cosine: float = NEAR_COPY_COSINE) -> np.ndarray:
     """(R,) a group id per row of `rows` (training-set indices): rows joined by a chain of near-copies
-    (TF-IDF cosine >= NEAR_COPY_COSINE over these rows' texts, or the dataset's own features when it has no
-    texts) share one id. Labels are never read."""
+    (TF-IDF cosine >= `cosine` over these rows' texts, or the dataset's own features when it has no texts) share
+    one id. Labels are never read."""
     from xmcbench.features import tfidf_features, unit_rows   # scikit-learn: only when a grouped split is asked for
 
     if dataset.train_texts:
@@ -45,18 +45,18 @@ def near_copy_groups(dataset: Dataset, rows: np.ndarray) -> np.ndarray:
     chunk = max(1, _NEAR_COPY_BLOCK // max(1, len(rows)))
     for start in range(0, len(rows), chunk):
         block = (features[start:start + chunk] @ reference).tocsr()                  # (chunk, R) cosines
-        block.data = (block.data >= NEAR_COPY_COSINE).astype(np.int8)
+        block.data = (block.data >= cosine).astype(np.int8)
         block.eliminate_zeros()
         blocks.append(block)
     _, groups = connected_components(sp.vstack(blocks, format="csr"), directed=False)
     return groups
 
 
-def grouped_validation(dataset: Dataset, rows: np.ndarray, size: int) -> np.ndarray:
+def grouped_validation(dataset: Dataset, rows: np.ndarray, size: int, cosine: float = NEAR_COPY_COSINE) -> np.ndarray:
     """(size,) validation rows drawn from `rows` (a seeded order) by whole near-copy groups: groups are taken in
     the order of their first row, each only if it still fits, so no validation row has a near-copy among the
     rows left for training (unless fewer than `size` rows lie in groups that fit, which leaves the rest out)."""
-    groups = near_copy_groups(dataset, rows)
+    groups = near_copy_groups(dataset, rows, cosine)
     group_sizes = np.bincount(groups)
     chosen = np.zeros(len(group_sizes), dtype=bool)
     taken = 0
