@@ -69,7 +69,7 @@ def test_the_near_copy_cosine_decides_what_joins():
     dataset = families_dataset()
     assert len(np.unique(near_copy_groups(dataset, np.arange(160)))) == 40
     assert len(np.unique(near_copy_groups(dataset, np.arange(160), cosine=1.01))) == 160, "nothing is that close"
-    assert len(np.unique(near_copy_groups(dataset, np.arange(160), cosine=1e-6))) == 40, "families share no word"
+    assert len(np.unique(near_copy_groups(dataset, np.arange(160), cosine=1e-6))) < 40, "families share a random word"
 
 
 def test_a_dataset_of_features_only_is_grouped_by_its_features():
