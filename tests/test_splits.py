@@ -14,7 +14,7 @@ WORDS = [f"w{i}" for i in range(400)]
 
 def families_dataset(num_families: int = 40, copies: int = 4, seed: int = 0, features_only: bool = False):
     """num_families groups of `copies` near-identical texts (one word differs), like a source package's
-    binaries that share their long description; each family's texts share no word with another family's."""
+    binaries that share their long description; two families share at most the one word drawn for each text."""
     rng = np.random.default_rng(seed)
     texts, rows = [], []
     for family in range(num_families):
