@@ -57,7 +57,7 @@ def tfidf_features(train_texts: list[str], max_features: int | None = None,
     train_texts: N strings.
     Returns (N, F) csr float32, rows L2-normalised (sublinear tf, unigrams, lowercase,
     min_df=2, or 1 when N < 50 because on tiny corpora min_df=2 would drop almost every term). min_df=1 keeps
-    every term, for a cosine between two texts that words only one of them has must lower.
+    every term: a word that only one of two texts has must lower their cosine.
     """
     bind_scikit_learn()
 
