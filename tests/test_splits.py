@@ -19,7 +19,7 @@ def families_dataset(num_families: int = 40, copies: int = 4, seed: int = 0, fea
     texts, rows = [], []
     for family in range(num_families):
         base = [f"f{family}t{j}" for j in range(30)]
-        for copy in range(copies):
+        for _ in range(copies):
             texts.append(" ".join(base + [str(rng.choice(WORDS))]))
             rows.append([f"label{family % 7}"])
     if features_only:
