@@ -37,7 +37,7 @@ from xmcbench.features import tfidf_features
 from xmcbench.formats import open_dataset
 from xmcbench.registry import build_registry
 from xmcbench.rundir import VALIDATION_PREDICTIONS_FILE, reading_of
-from xmcbench.runs.splits import grouped_validation, training_pool
+from xmcbench.runs.splits import grouped_validation, near_copy_groups, training_pool
 
 THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95)
 CHUNK = 1000
@@ -114,7 +114,9 @@ def main() -> None:
         grouped = np.sort(grouped_validation(dataset, pool, len(validation), cosine))
         grouped_fitted = np.sort(np.setdiff1d(pool, grouped))
         shares = [nearest_fitted_cosine(features, rows, grouped_fitted) for rows in (grouped, test_rows)]
-        print(f"grouped at cosine {cosine:g} ({len(grouped)} validation rows), share at "
+        group_sizes = np.bincount(near_copy_groups(dataset, pool, cosine))
+        print(f"grouped at cosine {cosine:g} ({len(grouped)} validation rows; {len(group_sizes)} groups of the "
+              f"{len(pool)} training rows, the largest {group_sizes.max()}), share at "
               + ", ".join(f">= {threshold:g}: {np.mean(shares[0] >= threshold):.1%} / {np.mean(shares[1] >= threshold):.1%}"
                           for threshold in THRESHOLDS) + " (validation rows / test documents)")
     if args.members:
