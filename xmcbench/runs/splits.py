@@ -23,7 +23,7 @@ def training_pool(dataset: Dataset, config: TrainConfig) -> np.ndarray:
 # share their long description): validation_split=grouped keeps them on one side of the split.
 NEAR_COPY_COSINE = 0.9
 # Entries of one (chunk, R) block of cosines: common terms make the block dense, so this bounds its memory
-# (about 8 bytes an entry) whatever R is. The work grows as R squared: 16 s for 24,218 rows on 2 cores.
+# (about 8 bytes an entry) whatever R is. The work grows as R squared: 16-18 s for 24,218 rows on 2 cores.
 _NEAR_COPY_BLOCK = 20_000_000
 
 
@@ -55,7 +55,8 @@ def near_copy_groups(dataset: Dataset, rows: np.ndarray, cosine: float = NEAR_CO
 def grouped_validation(dataset: Dataset, rows: np.ndarray, size: int, cosine: float = NEAR_COPY_COSINE) -> np.ndarray:
     """(size,) validation rows drawn from `rows` (a seeded order) by whole near-copy groups: groups are taken in
     the order of their first row, each only if it still fits, so no validation row has a near-copy among the
-    rows left for training (unless fewer than `size` rows lie in groups that fit, which leaves the rest out)."""
+    rows left for training. Fewer than `size` rows come back only when no group left is small enough to fill
+    the rows still missing."""
     groups = near_copy_groups(dataset, rows, cosine)
     group_sizes = np.bincount(groups)
     chosen = np.zeros(len(group_sizes), dtype=bool)
