@@ -57,6 +57,10 @@ def main() -> None:
         saved = read_predictions(path / "predictions.safetensors", len(label_names), "rerun it",
                                  documents=dataset.test_labels.shape[0])
         truth = remap_labels(dataset.test_labels, dataset.label_names, label_names)   # (N, L_total)
+        not_held = sorted(set(args.excepted) - set(held_out))
+        if not_held:
+            raise SystemExit(f"--except {' '.join(not_held)}: not among the labels {path} held out; name held-out "
+                             f"labels (config.json's resolved.zero_shot_labels)")
         chosen = set(held_out) - set(args.excepted)
         held = sp.csr_matrix(np.array([[name in chosen for name in dataset.label_names]], dtype=np.float32))
         mask = remap_labels(held, dataset.label_names, label_names).toarray()[0] > 0  # (L_total,) truth's columns
