@@ -1,12 +1,14 @@
 """Where each run's P@1 comes from: the test documents whose first label falls in each bin of training frequency,
 and how many of those first labels are right, from the runs' saved test predictions (nothing is predicted again).
 
-    python benchmarks/rank1_bins.py RUN_DIR [RUN_DIR ...] [--against OTHER_RUN_DIR]
+    python benchmarks/rank1_bins.py RUN_DIR [RUN_DIR ...] [--against OTHER_RUN_DIR] [--either LABEL LABEL]
 
 A run whose P@1 is below another's shows here whether it puts the wrong labels first (a bin where its first labels
 are right less often) or moves its first labels to another bin (more documents in a bin than the other run).
 --against pairs each run with another run on the same test set and label order: on the documents only one of the two
 gets right at rank 1, which labels each puts first, and where the run ranks the other's right first label.
+--either A B takes two labels that nearly exclude each other (debian-builddeps's debhelper-compat and debhelper): on
+the test documents that carry exactly one of them, how often each run ranks the right one above the other.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from scipy.sparse import csr_matrix
 
 from xmcbench.formats import open_dataset
 from xmcbench.labels import load_label_info
@@ -28,9 +31,9 @@ from xmcbench.scoring import remap_labels
 BINS = ((0, 3), (4, 30), (31, 1000), (1001, None))   # training documents of the first label
 
 
-def read_run(registry, run: Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """A run's label names, (L,) training documents per label, (N, k) test predictions and (N,) whether each first
-    label is right."""
+def read_run(registry, run: Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, csr_matrix]:
+    """A run's label names, (L,) training documents per label, (N, k) test predictions, (N,) whether each first
+    label is right, and the (N, L) test labels in the run's label order."""
     record = json.loads((run / "config.json").read_text())
     dataset = open_dataset(registry, record["dataset"], None, reading_of(record))
     names = json.loads((run / "model" / "labels.json").read_text())
@@ -43,7 +46,27 @@ def read_run(registry, run: Path) -> tuple[list[str], np.ndarray, np.ndarray, np
                                  documents=truth.shape[0]).labels
     first = predicted[:, 0]
     right = (np.asarray(truth[np.arange(len(first)), np.maximum(first, 0)]).ravel() > 0) & (first >= 0)
-    return names, np.asarray(info.counts), predicted, right
+    return names, np.asarray(info.counts), predicted, right, truth
+
+
+def print_either(run: Path, read, pair: list[str]) -> None:
+    """On the test documents with exactly one of the two labels: how often the run ranks it above the other."""
+    names, _, predicted, _, truth = read
+    missing = [label for label in pair if label not in names]
+    if missing:
+        raise SystemExit(f"--either: {run} has no label {missing[0]}; name two labels of its training set")
+    columns = [names.index(label) for label in pair]
+    carried = np.asarray(truth[:, columns].todense()) > 0                                 # (N, 2)
+    documents = np.flatnonzero(carried.sum(axis=1) == 1)
+    k = predicted.shape[1]
+    where = [np.where((predicted[documents] == column).any(axis=1),
+                      (predicted[documents] == column).argmax(axis=1), k) for column in columns]   # 2 x (M,)
+    higher = np.where(where[0] <= where[1], 0, 1)
+    neither = (where[0] == k) & (where[1] == k)
+    right = (carried[documents, higher] & ~neither).sum()
+    print(f"{run.name}: of the {len(documents)} test documents with exactly one of {pair[0]} and {pair[1]}, the one "
+          f"ranked higher is right on {right} ({100 * right / len(documents):.1f} %); neither is in the top {k} on "
+          f"{int(neither.sum())}")
 
 
 def bin_name(count: int) -> str:
@@ -53,8 +76,8 @@ def bin_name(count: int) -> str:
 
 def print_pairing(run: Path, other: Path, mine, theirs) -> None:
     """On the documents only one of two runs gets right at rank 1: which bins and labels each puts first."""
-    names, counts, predicted, right = mine
-    other_names, _, other_predicted, other_right = theirs
+    names, counts, predicted, right, _ = mine
+    other_names, _, other_predicted, other_right, _ = theirs
     if other_names != names:
         raise SystemExit(f"{run} and {other} order their labels differently; pair runs of one dataset and cut")
     order = [bin_name(low) for low, _ in BINS]
@@ -78,12 +101,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--against", type=Path, default=None, help="pair each run with this one at rank 1")
+    parser.add_argument("--either", nargs=2, metavar="LABEL", default=None,
+                        help="two labels that nearly exclude each other: how often each run ranks the right one higher")
     args = parser.parse_args()
     registry = build_registry()
     header = " | ".join(f"{low}-{high if high else 'more'}: first / right" for low, high in BINS)
     print(f"| run | P@1 | {header} |")
     read = {run: read_run(registry, run) for run in args.runs}
-    for run, (_, counts, predicted, right) in read.items():
+    for run, (_, counts, predicted, right, _) in read.items():
         first = predicted[:, 0]
         first_counts = counts[np.maximum(first, 0)]
         cells = []
@@ -96,6 +121,10 @@ def main() -> None:
         for run, mine in read.items():
             print()
             print_pairing(run, args.against, mine, theirs)
+    if args.either is not None:
+        print()
+        for run, mine in read.items():
+            print_either(run, mine, args.either)
 
 
 if __name__ == "__main__":
