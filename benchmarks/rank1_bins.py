@@ -17,6 +17,7 @@ import argparse
 import json
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from scipy.sparse import csr_matrix
@@ -31,9 +32,16 @@ from xmcbench.scoring import remap_labels
 BINS = ((0, 3), (4, 30), (31, 1000), (1001, None))   # training documents of the first label
 
 
-def read_run(registry, run: Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, csr_matrix]:
-    """A run's label names, (L,) training documents per label, (N, k) test predictions, (N,) whether each first
-    label is right, and the (N, L) test labels in the run's label order."""
+class SavedRun(NamedTuple):
+    names: list[str]           # the run's label order
+    counts: np.ndarray         # (L,) training documents per label
+    predicted: np.ndarray      # (N, k) test predictions, label ids, -1 past the labels a document got
+    right: np.ndarray          # (N,) whether each first label is right
+    truth: csr_matrix          # (N, L) test labels in the run's label order
+
+
+def read_run(registry, run: Path) -> SavedRun:
+    """A run's label names, training counts, saved test predictions and test labels."""
     record = json.loads((run / "config.json").read_text())
     dataset = open_dataset(registry, record["dataset"], None, reading_of(record))
     names = json.loads((run / "model" / "labels.json").read_text())
@@ -46,23 +54,27 @@ def read_run(registry, run: Path) -> tuple[list[str], np.ndarray, np.ndarray, np
                                  documents=truth.shape[0]).labels
     first = predicted[:, 0]
     right = (np.asarray(truth[np.arange(len(first)), np.maximum(first, 0)]).ravel() > 0) & (first >= 0)
-    return names, np.asarray(info.counts), predicted, right, truth
+    return SavedRun(names, np.asarray(info.counts), predicted, right, truth)
 
 
-def print_either(run: Path, read, pair: list[str]) -> None:
+def print_either(run: Path, saved: SavedRun, pair: list[str]) -> None:
     """On the test documents with exactly one of the two labels: how often the run ranks it above the other."""
-    names, _, predicted, _, truth = read
-    missing = [label for label in pair if label not in names]
+    missing = [label for label in pair if label not in saved.names]
     if missing:
         raise SystemExit(f"--either: {run} has no label {missing[0]}; name two labels of its training set")
-    columns = [names.index(label) for label in pair]
-    carried = np.asarray(truth[:, columns].todense()) > 0                                 # (N, 2)
+    columns = [saved.names.index(label) for label in pair]
+    carried = saved.truth[:, columns].toarray() > 0                                        # (N, 2)
     documents = np.flatnonzero(carried.sum(axis=1) == 1)
-    k = predicted.shape[1]
-    where = [np.where((predicted[documents] == column).any(axis=1),
-                      (predicted[documents] == column).argmax(axis=1), k) for column in columns]   # 2 x (M,)
-    higher = np.where(where[0] <= where[1], 0, 1)
-    neither = (where[0] == k) & (where[1] == k)
+    if not len(documents):
+        raise SystemExit(f"--either: no test document of {run} carries exactly one of {pair[0]} and {pair[1]}; name "
+                         "two labels that nearly exclude each other")
+    k = saved.predicted.shape[1]
+    ranks = []   # per label of the pair, (M,) its 0-based place in each document's predictions, k where absent
+    for column in columns:
+        found = saved.predicted[documents] == column                                       # (M, k)
+        ranks.append(np.where(found.any(axis=1), found.argmax(axis=1), k))
+    higher = (ranks[1] < ranks[0]).astype(int)                                             # (M,) 0 or 1
+    neither = (ranks[0] == k) & (ranks[1] == k)
     right = (carried[documents, higher] & ~neither).sum()
     print(f"{run.name}: of the {len(documents)} test documents with exactly one of {pair[0]} and {pair[1]}, the one "
           f"ranked higher is right on {right} ({100 * right / len(documents):.1f} %); neither is in the top {k} on "
