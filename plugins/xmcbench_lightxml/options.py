@@ -49,5 +49,12 @@ CALIBRATION = Option("calibration", str, "none", "how a flat recaller's label lo
                      "on rank by their probability of being relevant. Needs a flat run and a validation split; "
                      "auto: bins where the run has both, none otherwise",
                      choices=("none", "bins", "auto"))
+LEXICAL_BUCKETS = Option("lexical_buckets", int, 0, "F > 0: the encoder appends to its [CLS] states a bag of the "
+                         "window's word pieces, 1 + log(count) of each piece's id modulo F (special tokens left out), "
+                         "so the heads read the words themselves beside the transformer's summary of them, as a linear "
+                         "method does (XR-Transformer concatenates TF-IDF and neural features the same way); the "
+                         "representation grows by F, and so does every head row. 0: the [CLS] states alone",
+                         minimum=0)
+ENCODER_OPTIONS = (LEXICAL_BUCKETS,)
 RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT, PIFA_SCALE, PIFA_LENGTH, LOGIT_ADJUSTMENT, HOLD_PRIOR, ROW_LR_DOCUMENTS,
                     CALIBRATION)

@@ -5,12 +5,13 @@ imports no torch (`xmcbench plugins` and `xmcbench datasets` answer in a fractio
 from xmcbench.hookspecs import hookimpl
 from xmcbench_lightxml.datasets import paper_datasets
 from xmcbench_lightxml.methods import lightxml_methods
-from xmcbench_lightxml.options import RECALLER_OPTIONS
+from xmcbench_lightxml.options import ENCODER_OPTIONS, RECALLER_OPTIONS
 
 
 @hookimpl
 def xmcbench_register_components(registry):
-    registry.add_component("encoder", "transformer-cls", "xmcbench_lightxml.encoder:build_transformer_cls")
+    registry.add_component("encoder", "transformer-cls", "xmcbench_lightxml.encoder:build_transformer_cls",
+                           options=ENCODER_OPTIONS)
     registry.add_component("recaller", "cluster-linear", "xmcbench_lightxml.recaller:build_cluster_linear",
                            options=RECALLER_OPTIONS, check="xmcbench_lightxml.recaller:check_cluster_linear")
     registry.add_component("ranker", "bottleneck", "xmcbench_lightxml.ranker:build_bottleneck")
