@@ -53,8 +53,9 @@ LEXICAL_BUCKETS = Option("lexical_buckets", int, 0, "F > 0: the encoder appends 
                          "window's word pieces, 1 + log(count) of each piece's id modulo F (special tokens left out), "
                          "so the heads read the words themselves beside the transformer's summary of them, as a linear "
                          "method does (XR-Transformer concatenates TF-IDF and neural features the same way); the "
-                         "representation grows by F, and so does every head row: with 20,813 labels and F = 16,384 a CPU "
-                         "trains 5.6 times slower and holds 18 GB (BENCHMARKS.md section 10). 0: the [CLS] states alone",
+                         "representation grows by F, and so does every head row: with 20,813 labels a CPU trains 2.8 "
+                         "times slower and holds 7 GB at F = 4,096, 5.6 times and 18 GB at 16,384 (BENCHMARKS.md "
+                         "section 10). 0: the [CLS] states alone",
                          minimum=0)
 ENCODER_OPTIONS = (LEXICAL_BUCKETS,)
 RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT, PIFA_SCALE, PIFA_LENGTH, LOGIT_ADJUSTMENT, HOLD_PRIOR, ROW_LR_DOCUMENTS,
