@@ -90,15 +90,33 @@ def test_label_clusters_beyond_the_flat_limit():
     ({"cluster_size": 1}, 1e-3),
 ])
 def test_lightxml_rows_that_start_at_pifa_learn_at_a_tenth_of_the_rate_of_random_rows(settings, derived_rate):
-    from xmcbench_lightxml.methods import PIFA_HEAD_LR, derive_head_lr
+    from xmcbench_lightxml.methods import PIFA_HEAD_LR, derive_flat_head
     from xmcbench.config import apply_overrides
 
     config = apply_overrides(TrainConfig(), {"options.head_init": "auto", **settings}, "test")
-    lightxml = derive_head_lr(statistics(), CPU, settings=config)
+    lightxml = derive_flat_head(statistics(), CPU, settings=config)
     derived = {**derive_settings(statistics(), CPU), **lightxml}["head_lr"]
-    assert derived.value == derived_rate and (derived_rate == PIFA_HEAD_LR) == bool(lightxml)
-    clustered = derive_head_lr(statistics(labels=defaults.FLAT_MAX_LABELS + 1), CPU, settings=config)
+    assert derived.value == derived_rate and (derived_rate == PIFA_HEAD_LR) == ("head_lr" in lightxml)
+    clustered = derive_flat_head(statistics(labels=defaults.FLAT_MAX_LABELS + 1), CPU, settings=config)
     assert "head_lr" not in clustered or settings.get("cluster_size") == 1
+
+
+@pytest.mark.parametrize("settings, buckets", [
+    ({}, 4096),
+    ({"options.head_init": "random"}, 4096),        # the bag is the head's input, whatever its rows start at
+    ({"cluster_size": 16}, None),                   # label clusters: not measured, so left at the [CLS] states
+    ({"cluster_size": 1}, 4096),
+])
+def test_a_flat_lightxml_head_reads_a_bag_of_word_pieces(settings, buckets):
+    from xmcbench_lightxml.methods import FLAT_LEXICAL_BUCKETS, derive_flat_head
+    from xmcbench.config import apply_overrides
+
+    assert FLAT_LEXICAL_BUCKETS == 4096
+    config = apply_overrides(TrainConfig(), {"options.head_init": "auto", **settings}, "test")
+    derived = derive_flat_head(statistics(), CPU, settings=config).get("options.lexical_buckets")
+    assert (derived and derived.value) == buckets
+    clustered = derive_flat_head(statistics(labels=defaults.FLAT_MAX_LABELS + 1), CPU, settings=config)
+    assert "options.lexical_buckets" not in clustered or settings.get("cluster_size") == 1
 
 
 def test_a_methods_derive_reads_the_settings_only_when_it_declares_them(registry, tiny_dataset):
@@ -108,6 +126,11 @@ def test_a_methods_derive_reads_the_settings_only_when_it_declares_them(registry
     assert plan.config.head_lr == defaults.HEAD_LR and "random" in plan.derived["head_lr"].source
     plan = plan_run(registry, "lightxml", str(tiny_dataset), set_options=["head_lr=0.02"])
     assert plan.config.head_lr == 0.02 and "head_lr" not in plan.derived
+    # the bag of word pieces is derived like a core setting, and --set turns it off
+    from xmcbench_lightxml.options import LEXICAL_BUCKETS
+    assert LEXICAL_BUCKETS.value_of(plan.config) == 4096 and "flat" in plan.derived["options.lexical_buckets"].source
+    plan = plan_run(registry, "lightxml", str(tiny_dataset), set_options=["options.lexical_buckets=0"])
+    assert LEXICAL_BUCKETS.value_of(plan.config) == 0 and "options.lexical_buckets" not in plan.derived
     # cascade's derive(statistics, device) declares no settings and still gets its tree
     assert "tree_levels" in plan_run(registry, "cascade", str(tiny_dataset)).derived
 
@@ -146,8 +169,9 @@ def registry():
 def test_a_plain_folder_gets_derived_settings_and_set_wins(registry, tiny_dataset):
     plan = plan_run(registry, "lightxml", str(tiny_dataset))
     assert plan.derived and plan.statistics.documents == 48
-    for key, derived in plan.derived.items():
-        assert getattr(plan.config, key) == derived.value, key
+    for key, derived in plan.derived.items():   # a method's derive may set an option (options.NAME)
+        value = plan.config.options[key.removeprefix("options.")] if key.startswith("options.") else getattr(plan.config, key)
+        assert value == derived.value, key
     pinned = plan_run(registry, "lightxml", str(tiny_dataset), set_options=["max_length=48", "epochs=1"])
     assert pinned.config.max_length == 48 and pinned.config.epochs == 1
     assert "max_length" not in pinned.derived and "epochs" not in pinned.derived
@@ -230,5 +254,7 @@ def test_a_run_records_what_was_derived_and_from_what(registry, tiny_model_dir, 
     assert recorded["dataset_statistics"] == plan.statistics.to_dict()
     assert set(recorded["derived"]) == set(plan.derived) and "epochs" not in recorded["derived"]
     for key, derived in recorded["derived"].items():
-        assert recorded["config"][key] == derived["value"] and derived["source"] and derived["why"]
+        value = (recorded["config"]["options"][key.removeprefix("options.")] if key.startswith("options.")
+                 else recorded["config"][key])
+        assert value == derived["value"] and derived["source"] and derived["why"]
     assert TrainConfig.from_dict(recorded["config"]) == plan.config   # what --resume and compare read back

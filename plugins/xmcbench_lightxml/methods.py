@@ -55,25 +55,37 @@ DEBIAN_PRESETS = {
 
 
 # The rate of rows that start at PIFA: the core's 1e-2 is for heads that start at random, far from where they end
-# (the measurements are in derive_head_lr's why and BENCHMARKS.md section 10).
+# (the measurements are in derive_flat_head's why and BENCHMARKS.md section 10).
 PIFA_HEAD_LR = 1e-3
+# A flat head reads the window's words beside the [CLS] states, as a linear method does; 4,096 buckets (about 7 of
+# the vocabulary's 30,522 word pieces each) did better than 16,384 for half the price (BENCHMARKS.md section 10).
+FLAT_LEXICAL_BUCKETS = 4096
 
 
-def derive_head_lr(statistics: DatasetStatistics, device: DeviceFacts, *, settings: TrainConfig) -> dict:
-    """head_lr PIFA_HEAD_LR where the recaller's rows start at PIFA: a flat run (settings: the run's clusters, the
-    core's derived cluster_size or the user's) with options.head_init auto or pifa."""
+def derive_flat_head(statistics: DatasetStatistics, device: DeviceFacts, *, settings: TrainConfig) -> dict:
+    """The head of a flat run (settings: the run's clusters, the core's derived cluster_size or the user's):
+    options.lexical_buckets FLAT_LEXICAL_BUCKETS, and head_lr PIFA_HEAD_LR where options.head_init (auto or
+    pifa) starts each row at its documents. Label clusters get neither."""
     from xmcbench.indexing import resolve_num_clusters   # here: registering the plugin must not import torch
 
-    head_init = HEAD_INIT.value_of(settings)
-    if head_init == "random" or resolve_num_clusters(settings, statistics.labels) != statistics.labels:
+    if resolve_num_clusters(settings, statistics.labels) != statistics.labels:
         return {}
-    return {"head_lr": Derived(
-        PIFA_HEAD_LR, f"labels = {statistics.labels}: flat, and options.head_init={head_init} starts each row at "
-                      "its documents (PIFA)",
-        f"rows that start at their documents learn at {PIFA_HEAD_LR:g}, not the 1e-2 of rows that start at random: "
-        "against 1e-2, on a 5,000-document cut of debian-builddeps (3 seeds) PSP@5 25.74 -> 26.26 and P@1 85.01 -> "
-        "84.82 in about half the training time, on debian-debtags-mini (seed 0) PSP@5 56.93 -> 58.37 and P@1 "
-        "90.13 -> 90.46")}
+    flat = f"labels = {statistics.labels}: flat"
+    derived = {"options.lexical_buckets": Derived(
+        FLAT_LEXICAL_BUCKETS, flat,
+        "a flat head reads a bag of the window's word pieces beside the [CLS] states, as a linear method reads its "
+        "words: on a 5,000-document cut of debian-builddeps (seeds 0 / 1) P@1 85.34 / 84.72 -> 86.15 / 85.40, above "
+        "Bonsai's 85.75 / 85.24, PSP@5 26.21 / 26.12 -> 26.16 / 25.98 (Bonsai 25.37 / 25.46), for about 3 times "
+        "the CPU time")}
+    head_init = HEAD_INIT.value_of(settings)
+    if head_init != "random":
+        derived["head_lr"] = Derived(
+            PIFA_HEAD_LR, f"{flat}, and options.head_init={head_init} starts each row at its documents (PIFA)",
+            f"rows that start at their documents learn at {PIFA_HEAD_LR:g}, not the 1e-2 of rows that start at "
+            "random: against 1e-2, on a 5,000-document cut of debian-builddeps (3 seeds) PSP@5 25.74 -> 26.26 and "
+            "P@1 85.01 -> 84.82 in about half the training time, on debian-debtags-mini (seed 0) PSP@5 56.93 -> "
+            "58.37 and P@1 90.13 -> 90.46")
+    return derived
 
 
 # The paper describes its static-sampling ablations in one sentence each; this is how we read them.
@@ -104,14 +116,14 @@ def lightxml_methods() -> list[MethodSpec]:
                         "dynamic negative sampling (Jiang et al., AAAI 2021)",
             defaults=LIGHTXML_DEFAULTS,
             presets=presets,
-            derive=derive_head_lr,
+            derive=derive_flat_head,
         ),
         MethodSpec(
             name="lightxml-1layer",
             description="LightXML with the [CLS] state of the last layer only (the paper's single-layer ablation)",
             defaults={**LIGHTXML_DEFAULTS, "num_layers": 1},
             presets=presets,
-            derive=derive_head_lr,
+            derive=derive_flat_head,
         ),
         MethodSpec(
             name="lightxml-static",
@@ -119,7 +131,7 @@ def lightxml_methods() -> list[MethodSpec]:
                         "then the ranker on the shared encoder, then the recaller refitted on the frozen encoder",
             defaults={**LIGHTXML_DEFAULTS, "sampler": "static"},
             presets=presets,
-            derive=derive_head_lr,
+            derive=derive_flat_head,
             stages=STATIC_STAGES,
             needs_ranker=True,   # the point of the variant is its negatives: warn when a flat run drops them
         ),
@@ -128,7 +140,7 @@ def lightxml_methods() -> list[MethodSpec]:
             description="LightXML with static negatives and a second encoder for the ranker (the paper's BS)",
             defaults={**LIGHTXML_DEFAULTS, "sampler": "static", "separate_ranker_encoder": True},
             presets=presets,
-            derive=derive_head_lr,
+            derive=derive_flat_head,
             stages=STATIC_BS_STAGES,
             needs_ranker=True,   # the point of the variant is its negatives: warn when a flat run drops them
         ),
@@ -138,7 +150,7 @@ def lightxml_methods() -> list[MethodSpec]:
                         "(no recaller guidance; beyond the paper)",
             defaults={**LIGHTXML_DEFAULTS, "sampler": "random"},
             presets=presets,
-            derive=derive_head_lr,
+            derive=derive_flat_head,
             needs_ranker=True,   # the point of the variant is its negatives: warn when a flat run drops them
         ),
     ]

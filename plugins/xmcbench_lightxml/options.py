@@ -55,7 +55,8 @@ LEXICAL_BUCKETS = Option("lexical_buckets", int, 0, "F > 0: the encoder appends 
                          "method does (XR-Transformer concatenates TF-IDF and neural features the same way); the "
                          "representation grows by F, and so does every head row: with 20,813 labels a CPU trains 2.8 "
                          "times slower and holds 7 GB at F = 4,096, 5.6 times and 18 GB at 16,384 (BENCHMARKS.md "
-                         "section 10). 0: the [CLS] states alone",
+                         "section 10). 0: the [CLS] states alone; lightxml derives 4,096 for a flat run on a "
+                         "dataset it has no preset for (rule version 6)",
                          minimum=0)
 ENCODER_OPTIONS = (LEXICAL_BUCKETS,)
 RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT, PIFA_SCALE, PIFA_LENGTH, LOGIT_ADJUSTMENT, HOLD_PRIOR, ROW_LR_DOCUMENTS,
