@@ -76,8 +76,9 @@ def derive_flat_head(statistics: DatasetStatistics, device: DeviceFacts, *, sett
         "a flat head reads a bag of the window's word pieces beside the [CLS] states, as a linear method reads its "
         "words: on a 5,000-document cut of debian-builddeps (seeds 0 / 1) P@1 85.34 / 84.72 -> 86.15 / 85.40, above "
         "Bonsai's 85.75 / 85.24, PSP@5 26.21 / 26.12 -> 26.16 / 25.98 (Bonsai 25.37 / 25.46), for about 3 times "
-        "the CPU time a document and epoch; on debian-debtags-mini (seed 0) P@1 90.46 -> 90.80 but PSP@5 "
-        "58.37 -> 53.90 (Bonsai 85.82 / 52.22): it trades the tail's share for the head's")}
+        "the CPU time a document and epoch; on debian-debtags-mini (seeds 0 / 1) P@1 90.46 / 90.46 -> 90.80 / "
+        "90.80 but PSP@5 58.37 / 59.20 -> 53.90 / 54.84 (Bonsai 52.22 / 52.49): it trades the tail's share for the "
+        "head's")}
     head_init = HEAD_INIT.value_of(settings)
     if head_init != "random":
         derived["head_lr"] = Derived(
