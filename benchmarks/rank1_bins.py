@@ -2,6 +2,7 @@
 and how many of those first labels are right, from the runs' saved test predictions (nothing is predicted again).
 
     python benchmarks/rank1_bins.py RUN_DIR [RUN_DIR ...] [--against OTHER_RUN_DIR] [--either LABEL LABEL]
+        [--split-tokens N]
 
 A run whose P@1 is below another's shows here whether it puts the wrong labels first (a bin where its first labels
 are right less often) or moves its first labels to another bin (more documents in a bin than the other run).
@@ -9,6 +10,9 @@ are right less often) or moves its first labels to another bin (more documents i
 gets right at rank 1, which labels each puts first, and where the run ranks the other's right first label.
 --either A B takes two labels that nearly exclude each other (debian-builddeps's debhelper-compat and debhelper): on
 the test documents that carry exactly one of them, how often each run ranks the right one above the other.
+--split-tokens N: each run's P@1 on the test documents that fit in N tokens and on those longer, counted by the
+tokenizer of the first run that saved one (special tokens included, no truncation): whether a run that reads N tokens
+loses its P@1 on the text it does not read.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class SavedRun(NamedTuple):
     predicted: np.ndarray      # (N, k) test predictions, label ids, -1 past the labels a document got
     right: np.ndarray          # (N,) whether each first label is right
     truth: csr_matrix          # (N, L) test labels in the run's label order
+    texts: list[str]           # (N,) test texts
 
 
 def read_run(registry, run: Path) -> SavedRun:
@@ -54,7 +59,7 @@ def read_run(registry, run: Path) -> SavedRun:
                                  documents=truth.shape[0]).labels
     first = predicted[:, 0]
     right = (np.asarray(truth[np.arange(len(first)), np.maximum(first, 0)]).ravel() > 0) & (first >= 0)
-    return SavedRun(names, np.asarray(info.counts), predicted, right, truth)
+    return SavedRun(names, np.asarray(info.counts), predicted, right, truth, list(dataset.test_texts or []))
 
 
 def print_either(run: Path, saved: SavedRun, pair: list[str]) -> None:
@@ -81,6 +86,30 @@ def print_either(run: Path, saved: SavedRun, pair: list[str]) -> None:
           f"{int(neither.sum())}")
 
 
+def print_split(read: dict[Path, SavedRun], length: int) -> None:
+    """Each run's P@1 on the test documents of at most `length` tokens and on the longer ones."""
+    from transformers import AutoTokenizer
+
+    folders = [run / "model" / "encoder" for run in read if (run / "model" / "encoder" / "tokenizer.json").is_file()]
+    if not folders:
+        raise SystemExit("--split-tokens: none of the runs saved a tokenizer (model/encoder); name a transformer run")
+    texts = next(iter(read.values())).texts
+    if not texts:
+        raise SystemExit("--split-tokens: the runs' dataset has no test texts to count tokens in")
+    tokenizer = AutoTokenizer.from_pretrained(folders[0])
+    lengths = np.array([len(ids) for ids in tokenizer(texts, add_special_tokens=True, truncation=False,
+                                                      verbose=False)["input_ids"]])           # (N,)
+    longer = lengths > length
+    past = np.maximum(lengths - length, 0).sum() / lengths.sum()
+    print(f"test documents of at most {length} tokens: {int((~longer).sum())}; longer: {int(longer.sum())} "
+          f"({100 * longer.mean():.1f} %), which put {100 * past:.1f} % of the test texts' tokens past the "
+          f"{length}th (tokenizer of {folders[0].parent.parent.name})")
+    print(f"| run | P@1 | P@1 of the documents of at most {length} tokens | P@1 of the longer ones |")
+    for run, saved in read.items():
+        print(f"| {run.name} | {100 * saved.right.mean():.2f} | {100 * saved.right[~longer].mean():.2f} | "
+              f"{100 * saved.right[longer].mean():.2f} |")
+
+
 def bin_name(count: int) -> str:
     low, high = next((low, high) for low, high in BINS if count >= low and (high is None or count <= high))
     return f"{low}-{high if high else 'more'}"
@@ -88,8 +117,8 @@ def bin_name(count: int) -> str:
 
 def print_pairing(run: Path, other: Path, mine, theirs) -> None:
     """On the documents only one of two runs gets right at rank 1: which bins and labels each puts first."""
-    names, counts, predicted, right, _ = mine
-    other_names, _, other_predicted, other_right, _ = theirs
+    names, counts, predicted, right = mine[:4]
+    other_names, _, other_predicted, other_right = theirs[:4]
     if other_names != names:
         raise SystemExit(f"{run} and {other} order their labels differently; pair runs of one dataset and cut")
     order = [bin_name(low) for low, _ in BINS]
@@ -115,12 +144,14 @@ def main() -> None:
     parser.add_argument("--against", type=Path, default=None, help="pair each run with this one at rank 1")
     parser.add_argument("--either", nargs=2, metavar="LABEL", default=None,
                         help="two labels that nearly exclude each other: how often each run ranks the right one higher")
+    parser.add_argument("--split-tokens", type=int, default=None, metavar="N",
+                        help="each run's P@1 on the test documents of at most N tokens and on the longer ones")
     args = parser.parse_args()
     registry = build_registry()
     header = " | ".join(f"{low}-{high if high else 'more'}: first / right" for low, high in BINS)
     print(f"| run | P@1 | {header} |")
     read = {run: read_run(registry, run) for run in args.runs}
-    for run, (_, counts, predicted, right, _) in read.items():
+    for run, (_, counts, predicted, right, *_) in read.items():
         first = predicted[:, 0]
         first_counts = counts[np.maximum(first, 0)]
         cells = []
@@ -137,6 +168,9 @@ def main() -> None:
         print()
         for run, mine in read.items():
             print_either(run, mine, args.either)
+    if args.split_tokens is not None:
+        print()
+        print_split(read, args.split_tokens)
 
 
 if __name__ == "__main__":
