@@ -54,7 +54,8 @@ def main() -> None:
     dataset = open_dataset(registry, dataset_name)
     truth = remap_labels(dataset.test_labels, dataset.label_names, label_names)
     weights = propensities(dataset, config, label_names)
-    tokens = tokenize(dataset.test_texts, model.encoder.tokenizer, config.max_length, f"{dataset.version}/test",
+    tokens = tokenize(dataset.test_texts, model.encoder.tokenizer, model.encoder.tokens_to_read(config.max_length),
+                      f"{dataset.version}/test",
                       description="tokenizing test")
 
     def score_model(candidate) -> tuple[dict, np.ndarray]:

@@ -68,7 +68,8 @@ def rank_summary(ranks: np.ndarray, counts: np.ndarray) -> str:
 
 def logits_of(model, config, texts: list[str], batch: int) -> tuple[np.ndarray, torch.Tensor]:
     """The flat model's (N, L) logits and (N, D) representations of `texts`."""
-    tokens = tokenize(texts, model.encoder.tokenizer, config.max_length, None, description=None)
+    tokens = tokenize(texts, model.encoder.tokenizer, model.encoder.tokens_to_read(config.max_length), None,
+                      description=None)
     rows = np.arange(len(texts))
     logits, representations = [], []
     with torch.no_grad():

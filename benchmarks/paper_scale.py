@@ -157,7 +157,7 @@ def run_preset(preset: str, method: str, args, model_dir: Path) -> None:
     clusters = random_balanced_clusters(shape.num_labels, config.num_clusters, args.seed)
     model = build_model(registry, config, clusters)
     started = time.perf_counter()
-    tokens = tokenize(texts, model.encoder.tokenizer, config.max_length, texts_key=None)
+    tokens = tokenize(texts, model.encoder.tokenizer, model.encoder.tokens_to_read(config.max_length), texts_key=None)
     tokenize_rate = len(texts) / (time.perf_counter() - started)
     print(f"tokenization: {tokenize_rate:,.0f} documents/s ({len(texts)} documents, mean "
           f"{tokens.lengths.mean():.0f} tokens)")

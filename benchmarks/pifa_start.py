@@ -65,7 +65,8 @@ def main() -> None:
     torch.manual_seed(config.seed)
     info = label_info(dataset, config, rows)
     model = build_model(registry, config, clusters, label_info=info).to(device)
-    tokens = tokenize([dataset.train_texts[i] for i in rows], model.encoder.tokenizer, config.max_length, None,
+    document_length = model.encoder.tokens_to_read(config.max_length)
+    tokens = tokenize([dataset.train_texts[i] for i in rows], model.encoder.tokenizer, document_length, None,
                       description="tokenizing the training documents")
     train_labels = dataset.train_labels[rows].tocsr()
     trainer = Trainer(model, tokens, train_labels, config, device, label_info=info)
@@ -75,7 +76,7 @@ def main() -> None:
     counts = np.asarray(info.counts, dtype=np.float64)
     prior = (counts + 1.0) / (len(rows) + 2.0)
     log_odds = np.log(prior / (1.0 - prior))                                              # (L,)
-    test_tokens = tokenize(whole.test_texts, model.encoder.tokenizer, config.max_length, None,
+    test_tokens = tokenize(whole.test_texts, model.encoder.tokenizer, document_length, None,
                            description="tokenizing the test documents")
     model.eval()
     logits = []

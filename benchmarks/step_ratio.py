@@ -74,7 +74,8 @@ def main() -> None:
     torch.manual_seed(config.seed)
     labels = label_info(dataset, config, rows)
     model = build_model(registry, config, clusters, label_info=labels).to(device).train()
-    tokens = tokenize(dataset.train_texts, model.encoder.tokenizer, config.max_length, f"{dataset.version}/train")
+    tokens = tokenize(dataset.train_texts, model.encoder.tokenizer, model.encoder.tokens_to_read(config.max_length),
+                      f"{dataset.version}/train")
     optimizers = build_optimizers(model, config)
     batches = epoch_batches(tokens.lengths, config.batch_size, np.random.default_rng(0),
                             config.length_bucketing)[: args.batches + 2]

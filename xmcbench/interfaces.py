@@ -320,6 +320,12 @@ class Encoder(nn.Module, ABC):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, T) long ids, (B, T) 0/1 mask -> (B, out_dim)."""
 
+    def tokens_to_read(self, max_length: int) -> int:
+        """How many tokens of each document the pipeline gives this encoder: config.max_length, the transformer's
+        window, unless the encoder reads more of a document than its transformer does (LightXML's bag of word
+        pieces over a longer window); it then fits what its transformer reads into max_length itself."""
+        return max_length
+
     @abstractmethod
     def export(self, directory: Path) -> dict:
         """Write what is needed to rebuild this encoder offline (config, tokenizer; not the weights, which

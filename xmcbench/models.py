@@ -50,7 +50,8 @@ def predict_documents(model: XMCModel | WholeMethod, texts: list[str] | sp.csr_m
         return whole_methods.predict(model, texts, config.top_k)
     set_threads(config)
     device = pick_device(config)
-    tokens = tokenize(texts, model.encoder.tokenizer, config.max_length, texts_key, description=tokenizing)
+    tokens = tokenize(texts, model.encoder.tokenizer, model.encoder.tokens_to_read(config.max_length), texts_key,
+                      description=tokenizing)
     return predict(model, tokens, config, device, description=description)
 
 

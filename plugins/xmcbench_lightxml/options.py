@@ -58,6 +58,15 @@ LEXICAL_BUCKETS = Option("lexical_buckets", int, 0, "F > 0: the encoder appends 
                          "section 10). 0: the [CLS] states alone; lightxml derives 4,096 for a flat run on a "
                          "dataset it has no preset for (rule version 6)",
                          minimum=0)
-ENCODER_OPTIONS = (LEXICAL_BUCKETS,)
+LEXICAL_WINDOW = Option("lexical_window", int, 0, "W > max_length: the bag of word pieces (options.lexical_buckets) "
+                        "reads the first W word pieces of each document while the transformer still reads max_length, "
+                        "so a text longer than the transformer's window still gives the heads all of its words, as a "
+                        "linear method reads them; documents are tokenized to W and cut to max_length (ended as the "
+                        "tokenizer ends a text it truncates) before the transformer. The bag costs little per token, "
+                        "the transformer pays for every one. 0 (or at most max_length): the bag reads the "
+                        "transformer's window. Needs options.lexical_buckets > 0 and a tokenizer that pads and "
+                        "truncates on the right",
+                        minimum=0)
+ENCODER_OPTIONS = (LEXICAL_BUCKETS, LEXICAL_WINDOW)
 RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT, PIFA_SCALE, PIFA_LENGTH, LOGIT_ADJUSTMENT, HOLD_PRIOR, ROW_LR_DOCUMENTS,
                     CALIBRATION)

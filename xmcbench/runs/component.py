@@ -132,10 +132,11 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
                    f"sampler {config.sampler!r} are not used; --set cluster_size=8 (or more) trains them")
         log(("warning: " if registry.method(plan.method).needs_ranker else "") + dropped)
     tokenizer = model.encoder.tokenizer
+    document_length = model.encoder.tokens_to_read(config.max_length)
     with dist.main_first():
-        train_tokens = tokenize(dataset.train_texts, tokenizer, config.max_length, f"{dataset.version}/train",
+        train_tokens = tokenize(dataset.train_texts, tokenizer, document_length, f"{dataset.version}/train",
                                 description="tokenizing train")
-        test_tokens = tokenize(dataset.test_texts, tokenizer, config.max_length, f"{dataset.version}/test",
+        test_tokens = tokenize(dataset.test_texts, tokenizer, document_length, f"{dataset.version}/test",
                                description="tokenizing test")
     if dist.enabled:   # same initial weights everywhere (DDP also broadcasts them), different dropout masks
         torch.manual_seed(config.seed + dist.rank)
