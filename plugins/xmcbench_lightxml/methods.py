@@ -79,7 +79,9 @@ def derive_flat_head(statistics: DatasetStatistics, device: DeviceFacts, *, sett
         "the CPU time a document and epoch; on debian-debtags-mini (seeds 0 / 1) P@1 90.46 / 90.46 -> 90.80 / "
         "90.80 but PSP@5 58.37 / 59.20 -> 53.90 / 54.84 (Bonsai 52.22 / 52.49); on debian-debtags (seeds 0 / 1) P@1 "
         "91.20 / 91.40 -> 90.99 / 90.40 and PSP@5 70.64 / 70.76 -> 66.69 / 67.01 (Bonsai 87.82 / 64.64, 88.05 / "
-        "65.03), labels with at most 3 training documents 0.00 -> 0.03 / 0.00 of PSP@5: it trades the tail's share for the head's")}
+        "65.03), labels with at most 3 training documents 0.00 -> 0.03 / 0.00 of PSP@5: it trades the tail's share "
+        "for the head's; on the full debian-builddeps (seed 0, 128 tokens) P@1 86.43 against Bonsai's 86.99, PSP@5 "
+        "30.13 against 29.53")}
     head_init = HEAD_INIT.value_of(settings)
     if head_init != "random":
         derived["head_lr"] = Derived(
