@@ -105,6 +105,7 @@ def test_resume_continues_exactly(reference, tiny_model_dir, tmp_path, action, a
         assert stopped.returncode == 130
         last = stopped.stderr.strip().splitlines()[-1]
         assert f"interrupted at step {at_step}" in last and f"xmcbench run --resume {output}" in last
+        assert "Ctrl-C: stopping after the current training step, with a checkpoint" in stopped.stderr
     else:
         assert stopped.returncode == -signal.SIGKILL
     assert not (output / "metrics.json").exists()

@@ -13,6 +13,7 @@ import contextlib
 import copy
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -505,6 +506,9 @@ def _stop_on_interrupt(trainer: Trainer):
     def request_stop(signum, frame):
         trainer.stop_requested = True
         signal.signal(signal.SIGINT, previous)
+        # the current step may be minutes away (the encoder pass that starts PIFA rows): say the stop was heard
+        print("\nCtrl-C: stopping after the current training step, with a checkpoint (Ctrl-C again stops at once, "
+              "without one)", file=sys.stderr, flush=True)
 
     previous = signal.signal(signal.SIGINT, request_stop)
     try:
