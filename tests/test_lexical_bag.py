@@ -94,6 +94,7 @@ def test_the_transformer_reads_what_the_tokenizer_gives_at_max_length_and_the_ba
     ({"lexical_window": "64", "lexical_buckets": "8", "padding": "left"}, "pads and truncates on the right"),
 ])
 def test_a_window_the_encoder_cannot_read_ends_in_one_line(tiny_model_dir, options, message):
+    options = dict(options)   # the parameters are shared between runs of the test
     padding = options.pop("padding", None)
     config = tiny_config(tiny_model_dir, options=options)
     if padding:
