@@ -45,22 +45,24 @@ class TransformerClsEncoder(Encoder):
         self.max_length = max_length
         # max_length 0: built without a run's config, so the transformer reads whatever it is given
         self.lexical_window = lexical_window if max_length and lexical_window > max_length else 0
-        if self.lexical_window:
-            self.register_buffer("truncation_suffix", self._truncation_suffix(), persistent=False)
-
-    def _truncation_suffix(self) -> torch.Tensor:
-        """(S,) the special tokens the tokenizer puts after a text's last word piece ([SEP] for BERT), which a text
-        cut to max_length also ends with; checks that the window's cut is the tokenizer's own truncation."""
-        if not self.lexical_buckets:
-            raise XmcError(f"options.lexical_window={self.lexical_window} sets how much of each document the bag of "
+        if not self.lexical_window:
+            return
+        if not lexical_buckets:
+            raise XmcError(f"options.lexical_window={lexical_window} sets how much of each document the bag of "
                            "word pieces reads, but there is no bag: add --set options.lexical_buckets=4096 or drop "
                            "options.lexical_window")
         if pads_left(self.tokenizer) or getattr(self.tokenizer, "truncation_side", "right") != "right":
             raise XmcError("options.lexical_window cuts each document's first max_length tokens out of a longer "
                            "window, which needs a tokenizer that pads and truncates on the right; this one does not, "
                            "so drop options.lexical_window")
+        self.register_buffer("truncation_suffix", self._truncation_suffix(), persistent=False)
+
+    def _truncation_suffix(self) -> torch.Tensor:
+        """(S,) the special tokens the tokenizer puts after a text's last word piece ([SEP] for BERT), which a text
+        cut to max_length also ends with."""
+        specials = set(self.tokenizer.all_special_ids)
         ids = self.tokenizer("a", add_special_tokens=True)["input_ids"]
-        words = [position for position, token in enumerate(ids) if token not in set(self.tokenizer.all_special_ids)]
+        words = [position for position, token in enumerate(ids) if token not in specials]
         return torch.tensor(ids[words[-1] + 1:] if words else [], dtype=torch.long)
 
     def tokens_to_read(self, max_length: int) -> int:
