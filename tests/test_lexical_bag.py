@@ -89,8 +89,24 @@ def test_the_transformer_reads_what_the_tokenizer_gives_at_max_length_and_the_ba
     assert read_whole[0, summary:].sum() > read_cut[0, summary:].sum()   # the words past the window count
 
 
+def test_a_normed_bag_has_the_set_length_whatever_the_text_length(tiny_model_dir):
+    raw = build_transformer_cls(tiny_config(tiny_model_dir, options={"lexical_buckets": "7"})).eval()
+    normed = build_transformer_cls(tiny_config(tiny_model_dir, options={"lexical_buckets": "7",
+                                                                         "lexical_norm": "3"})).eval()
+    summary = raw.out_dim - 7
+    batch = raw.tokenizer(["apt apt apt cache " * 5, "cache", ""], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        raw_bag = raw(batch["input_ids"], batch["attention_mask"])[:, summary:]         # (3, 7)
+        normed_bag = normed(batch["input_ids"], batch["attention_mask"])[:, summary:]
+    assert raw_bag[0].norm() > raw_bag[1].norm() > 0
+    assert normed_bag[:2].norm(dim=1).tolist() == pytest.approx([3.0, 3.0])
+    assert torch.allclose(normed_bag[0] / 3, raw_bag[0] / raw_bag[0].norm())   # the same direction
+    assert normed_bag[2].abs().sum() == 0                                         # a text with no word piece
+
+
 @pytest.mark.parametrize("options, message", [
     ({"lexical_window": "64"}, "there is no bag"),
+    ({"lexical_norm": "1"}, "there is no bag"),
     ({"lexical_window": "64", "lexical_buckets": "8", "padding": "left"}, "pads and truncates on the right"),
 ])
 def test_a_window_the_encoder_cannot_read_ends_in_one_line(tiny_model_dir, options, message):

@@ -1,6 +1,7 @@
 """`transformer-cls`: a Hugging Face encoder whose text representation is the summary-token state of
 its last n layers, concatenated (LightXML uses n = 5), optionally followed by a bag of the document's word pieces
-(options.lexical_buckets) over the transformer's window or a longer one (options.lexical_window)."""
+(options.lexical_buckets) over the transformer's window or a longer one (options.lexical_window), raw or scaled to
+one length (options.lexical_norm)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from torch import nn
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import Encoder
 from xmcbench.tokenization import load_transformer, pads_left
-from xmcbench_lightxml.options import LEXICAL_BUCKETS, LEXICAL_WINDOW
+from xmcbench_lightxml.options import LEXICAL_BUCKETS, LEXICAL_NORM, LEXICAL_WINDOW
 
 # Models whose summary token comes last (XLNet appends <sep><cls>); all others put it first.
 SUMMARY_LAST_MODEL_TYPES = {"xlnet"}
@@ -27,7 +28,7 @@ class TransformerClsEncoder(Encoder):
 
     def __init__(self, model_name: str, num_layers: int = 5, dropout: float = 0.5,
                  pretrained_weights: bool = True, lexical_buckets: int = 0, lexical_window: int = 0,
-                 max_length: int = 0) -> None:
+                 max_length: int = 0, lexical_norm: float = 0.0) -> None:
         super().__init__()
         # float32 master weights whatever dtype the files hold; AMP still computes in half precision
         self.transformer, model_config, self.tokenizer, self.loaded_dtype = load_transformer(model_name,
@@ -40,6 +41,11 @@ class TransformerClsEncoder(Encoder):
         self.lexical_buckets = lexical_buckets
         self.out_dim = num_layers * model_config.hidden_size + lexical_buckets
         self.dropout = nn.Dropout(dropout)
+        if lexical_norm > 0 and not lexical_buckets:
+            raise XmcError(f"options.lexical_norm={lexical_norm:g} sets the length of each document's bag of word "
+                           "pieces, but there is no bag: add --set options.lexical_buckets=4096 or drop "
+                           "options.lexical_norm")
+        self.lexical_norm = lexical_norm
         self.register_buffer("special_ids", torch.tensor(sorted(self.tokenizer.all_special_ids), dtype=torch.long),
                              persistent=False)
         self.max_length = max_length
@@ -101,12 +107,16 @@ class TransformerClsEncoder(Encoder):
 
     def lexical_bag(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, T) ids + mask of every token read -> (B, F) float32: 1 + log(count) of the word pieces of each bucket
-        (id modulo F), 0 where a bucket has none; padding and special tokens count nothing. No dropout: unlike the
+        (id modulo F), 0 where a bucket has none; padding and special tokens count nothing; with lexical_norm N > 0
+        each row then scaled to Euclidean length N (a text with no word piece stays 0). No dropout: unlike the
         summary's correlated coordinates, each bucket is the only place its words are seen."""
         counted = (attention_mask > 0) & ~torch.isin(input_ids, self.special_ids)
         counts = torch.zeros(input_ids.shape[0], self.lexical_buckets, device=input_ids.device).scatter_add_(
             1, input_ids % self.lexical_buckets, counted.float())
-        return torch.where(counts > 0, 1 + counts.clamp_min(1).log(), 0.0)
+        bag = torch.where(counts > 0, 1 + counts.clamp_min(1).log(), 0.0)
+        if not self.lexical_norm:
+            return bag
+        return bag * (self.lexical_norm / bag.norm(dim=1, keepdim=True).clamp_min(1e-12))
 
     def export(self, directory: Path) -> dict:
         directory.mkdir(parents=True, exist_ok=True)
@@ -116,8 +126,8 @@ class TransformerClsEncoder(Encoder):
 
 
 def build_transformer_cls(config, **exported) -> TransformerClsEncoder:
-    """Factory: reads model_name, num_layers, dropout, max_length and options.lexical_buckets and lexical_window
-    from the run config; `exported` comes from `export`."""
+    """Factory: reads model_name, num_layers, dropout, max_length and options.lexical_buckets, lexical_window and
+    lexical_norm from the run config; `exported` comes from `export`."""
     return TransformerClsEncoder(
         model_name=exported.get("model_name", config.model_name),
         num_layers=config.num_layers,
@@ -126,4 +136,5 @@ def build_transformer_cls(config, **exported) -> TransformerClsEncoder:
         lexical_buckets=LEXICAL_BUCKETS.value_of(config),
         lexical_window=LEXICAL_WINDOW.value_of(config),
         max_length=config.max_length,
+        lexical_norm=LEXICAL_NORM.value_of(config),
     )
