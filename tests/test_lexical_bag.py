@@ -109,7 +109,7 @@ def test_a_normed_bag_has_the_set_length_whatever_the_text_length(tiny_model_dir
     ({"lexical_norm": "1"}, "there is no bag"),
     ({"lexical_window": "64", "lexical_buckets": "8", "padding": "left"}, "pads and truncates on the right"),
 ])
-def test_a_window_the_encoder_cannot_read_ends_in_one_line(tiny_model_dir, options, message):
+def test_a_bag_setting_the_encoder_cannot_honour_ends_in_one_line(tiny_model_dir, options, message):
     options = dict(options)   # the parameters are shared between runs of the test
     padding = options.pop("padding", None)
     config = tiny_config(tiny_model_dir, options=options)

@@ -71,8 +71,9 @@ LEXICAL_NORM = Option("lexical_norm", float, 0.0, "N > 0: each document's bag of
                       "is scaled to Euclidean length N, as a linear method makes each document's TF-IDF row unit "
                       "length, so a long text's words weigh no more in the heads than a short one's; N sets the bag's "
                       "weight beside the [CLS] states (on debian-builddeps the raw bag of a 128-token window has a "
-                      "median length of 12, the centred [CLS] states of all-MiniLM-L6-v2 about 4). 0: the raw bag, "
-                      "whose length grows with the text. Needs options.lexical_buckets > 0", minimum=0.0)
+                      "median length of 12, the centred [CLS] states of all-MiniLM-L6-v2 about 4: "
+                      "benchmarks/bag_lengths.py). 0: the raw bag, whose length grows with the text. Needs "
+                      "options.lexical_buckets > 0", minimum=0.0)
 ENCODER_OPTIONS = (LEXICAL_BUCKETS, LEXICAL_WINDOW, LEXICAL_NORM)
 RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT, PIFA_SCALE, PIFA_LENGTH, LOGIT_ADJUSTMENT, HOLD_PRIOR, ROW_LR_DOCUMENTS,
                     CALIBRATION)
