@@ -116,7 +116,7 @@ class TransformerClsEncoder(Encoder):
         bag = torch.where(counts > 0, 1 + counts.clamp_min(1).log(), 0.0)
         if not self.lexical_norm:
             return bag
-        return bag * (self.lexical_norm / bag.norm(dim=1, keepdim=True).clamp_min(1e-12))
+        return nn.functional.normalize(bag, dim=1) * self.lexical_norm
 
     def export(self, directory: Path) -> dict:
         directory.mkdir(parents=True, exist_ok=True)
