@@ -18,7 +18,7 @@ import torch
 from xmcbench.formats import open_dataset
 from xmcbench.registry import build_registry
 from xmcbench_lightxml.encoder import TransformerClsEncoder
-from xmcbench_lightxml.methods import LIGHTXML_DEFAULTS
+from xmcbench_lightxml.methods import FLAT_LEXICAL_BUCKETS, LIGHTXML_DEFAULTS
 
 
 def percentiles(values: torch.Tensor) -> str:
@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("dataset")
     parser.add_argument("--documents", type=int, default=256)
     parser.add_argument("--windows", type=int, nargs="+", default=[128, 512])
-    parser.add_argument("--buckets", type=int, default=4096)
+    parser.add_argument("--buckets", type=int, default=FLAT_LEXICAL_BUCKETS)
     parser.add_argument("--threads", type=int, default=2)
     arguments = parser.parse_args()
     torch.set_num_threads(arguments.threads)
