@@ -8,7 +8,9 @@ A logistic regression (scikit-learn's defaults: L2, C=1, no tuning, so no test n
 choice from the training documents that carry exactly one of the two labels (a run's validation rows included) and is
 scored on the test documents that carry exactly one. Its features, fitted on those training documents, each row
 scaled to unit length:
-- Bonsai's TF-IDF (the linear methods' default options: word 1-2 grams, min_df 2, 1 + log tf);
+- Bonsai's TF-IDF (the linear methods' default options: word 1-2 grams, min_df 2, 1 + log tf), also with words
+  alone and over only the text the first --window word pieces cover, to tell which of its differences from the bag
+  (bigrams, the whole text, words instead of pieces) makes the choice;
 - the LightXML encoder's own `lexical_bag` of the first --window tokens, in each number of --buckets (4,096: the
   rule's) and in one bucket per word piece of the vocabulary (no collisions), each with and without the training
   documents' IDF.
@@ -53,6 +55,13 @@ def bags(encoder: TransformerClsEncoder, texts: list[str], window: int) -> sp.cs
     return sp.vstack(parts).tocsr()
 
 
+def window_texts(tokenizer, texts: list[str], window: int) -> list[str]:
+    """Each text cut after the last character of the word pieces a `window`-token bag reads (the same truncation
+    as `bags`, special tokens included; theirs cover no characters)."""
+    offsets = tokenizer(texts, truncation=True, max_length=window, return_offsets_mapping=True)["offset_mapping"]
+    return [text[:max((end for _, end in spans), default=0)] for text, spans in zip(texts, offsets)]
+
+
 def accuracy(train: sp.csr_matrix, y_train: np.ndarray, test: sp.csr_matrix, y_test: np.ndarray) -> float:
     model = LogisticRegression(solver="liblinear").fit(normalize(train), y_train)
     return 100 * float((model.predict(normalize(test)) == y_test).mean())
@@ -81,15 +90,24 @@ def main() -> None:
           f"{arguments.labels[0]} and {arguments.labels[1]}; always {arguments.labels[0]} is right on "
           f"{100 * y_test.mean():.2f} % of the test ones")
 
+    def encoder_with(buckets: int) -> TransformerClsEncoder:
+        return TransformerClsEncoder(LIGHTXML_DEFAULTS["model_name"], num_layers=LIGHTXML_DEFAULTS["num_layers"],
+                                     lexical_buckets=buckets).eval()
+
+    tokenizer = encoder_with(arguments.buckets[0]).tokenizer
+    cut = f"the first {arguments.window} pieces' text"
     results = []
-    tfidf, train = TfidfFeatures.fit(train_texts, dict(TFIDF_OPTIONS))
-    results.append(("Bonsai's TF-IDF, word 1-2 grams", train.shape[1], accuracy(train, y_train,
-                                                                              tfidf.transform(test_texts), y_test)))
-    vocabulary = None   # the tokenizer's word pieces, known once the first encoder is built
-    for buckets in (*arguments.buckets, None):   # None: one bucket per word piece, so no two pieces share one
-        encoder = TransformerClsEncoder(LIGHTXML_DEFAULTS["model_name"], num_layers=LIGHTXML_DEFAULTS["num_layers"],
-                                        lexical_buckets=buckets or vocabulary).eval()
-        vocabulary = encoder.tokenizer.vocab_size
+    for name, ngram_max, (train_part, test_part) in (
+            ("Bonsai's TF-IDF, word 1-2 grams", 2, (train_texts, test_texts)),
+            ("Bonsai's TF-IDF, words only", 1, (train_texts, test_texts)),
+            (f"Bonsai's TF-IDF, word 1-2 grams, {cut}", 2,
+             (window_texts(tokenizer, train_texts, arguments.window),
+              window_texts(tokenizer, test_texts, arguments.window)))):
+        tfidf, train = TfidfFeatures.fit(train_part, {**TFIDF_OPTIONS, "tfidf_ngram_max": ngram_max})
+        results.append((name, train.shape[1], accuracy(train, y_train, tfidf.transform(test_part), y_test)))
+    # None: one bucket per word piece of the vocabulary, so no two pieces share one
+    for buckets in (*arguments.buckets, None):
+        encoder = encoder_with(buckets or tokenizer.vocab_size)
         train, test = bags(encoder, train_texts, arguments.window), bags(encoder, test_texts, arguments.window)
         idf = sp.diags(np.log((1 + train.shape[0]) / (1 + np.bincount(train.indices, minlength=train.shape[1]))) + 1)
         name = f"{buckets:,} buckets" if buckets else "one bucket per piece"
