@@ -46,7 +46,9 @@ def test_statistics_of_a_training_set():
     assert stats.median_documents_per_label == 25.0 and stats.share_of_labels_with_at_most_2_documents == 0.0
     # [CLS] + words + [SEP]: 3 to 6 tokens
     assert 3 <= stats.token_length_p50 <= stats.token_length_p90 <= stats.token_length_p95 <= 6
-    assert stats.model_max_length == 512
+    assert stats.model_max_length == 512 and stats.tokenizer_cuts_on_the_right
+    tokenizer.padding_side = "left"
+    assert not dataset_statistics(texts, labels, tokenizer).tokenizer_cuts_on_the_right
 
 
 def test_every_derived_setting_names_what_it_follows_from():
@@ -102,21 +104,51 @@ def test_lightxml_rows_that_start_at_pifa_learn_at_a_tenth_of_the_rate_of_random
 
 
 @pytest.mark.parametrize("settings, buckets", [
-    ({}, 4096),
-    ({"options.head_init": "random"}, 4096),        # the bag is the head's input, whatever its rows start at
+    ({}, 8192),
+    ({"options.head_init": "random"}, 8192),        # the bag is the head's input, whatever its rows start at
     ({"cluster_size": 16}, None),                   # label clusters: not measured, so left at the [CLS] states
-    ({"cluster_size": 1}, 4096),
+    ({"cluster_size": 1}, 8192),
 ])
 def test_a_flat_lightxml_head_reads_a_bag_of_word_pieces(settings, buckets):
-    from xmcbench_lightxml.methods import FLAT_LEXICAL_BUCKETS, derive_flat_head
+    from xmcbench_lightxml.methods import FLAT_LEXICAL_BUCKETS, FLAT_LEXICAL_NORM, derive_flat_head
     from xmcbench.config import apply_overrides
 
-    assert FLAT_LEXICAL_BUCKETS == 4096
+    assert FLAT_LEXICAL_BUCKETS == 8192 and FLAT_LEXICAL_NORM == 4
     config = apply_overrides(TrainConfig(), {"options.head_init": "auto", **settings}, "test")
-    derived = derive_flat_head(statistics(), CPU, settings=config).get("options.lexical_buckets")
-    assert (derived and derived.value) == buckets
+    derived = derive_flat_head(statistics(), CPU, settings=config)
+    assert (derived.get("options.lexical_buckets") and derived["options.lexical_buckets"].value) == buckets
+    assert (derived.get("options.lexical_norm") and derived["options.lexical_norm"].value) == (buckets and 4)
     clustered = derive_flat_head(statistics(labels=defaults.FLAT_MAX_LABELS + 1), CPU, settings=config)
     assert "options.lexical_buckets" not in clustered or settings.get("cluster_size") == 1
+
+
+@pytest.mark.parametrize("max_length, model_max_length, cuts_on_the_right, window", [
+    (128, 512, True, 512),      # a CPU's window: the bag reads 4 times as much
+    (128, 256, True, 256),      # no further than the encoder's tokenizer reads
+    (512, 512, True, None),     # a GPU's window already reads 512: nothing longer to read
+    (128, 512, False, None),    # a tokenizer that pads or truncates on the left cannot cut a longer window down
+])
+def test_the_bag_reads_up_to_512_word_pieces_where_the_transformer_reads_fewer(max_length, model_max_length,
+                                                                              cuts_on_the_right, window):
+    from xmcbench_lightxml.methods import derive_flat_head
+    from xmcbench.config import apply_overrides
+
+    config = apply_overrides(TrainConfig(), {"max_length": max_length}, "test")
+    stats = statistics(model_max_length=model_max_length, tokenizer_cuts_on_the_right=cuts_on_the_right)
+    derived = derive_flat_head(stats, CPU, settings=config).get("options.lexical_window")
+    assert (derived and derived.value) == window
+
+
+def test_a_bag_turned_off_gets_no_window_or_length():
+    from xmcbench_lightxml.methods import derive_flat_head
+    from xmcbench.config import apply_overrides
+
+    off = derive_flat_head(statistics(), CPU, settings=apply_overrides(
+        TrainConfig(), {"options.lexical_buckets": "0"}, "test"))
+    assert "options.lexical_window" not in off and "options.lexical_norm" not in off
+    larger = derive_flat_head(statistics(), CPU, settings=apply_overrides(
+        TrainConfig(), {"options.lexical_buckets": "16384"}, "test"))
+    assert larger["options.lexical_window"].value == 512 and larger["options.lexical_norm"].value == 4
 
 
 def test_a_methods_derive_reads_the_settings_only_when_it_declares_them(registry, tiny_dataset):
@@ -128,9 +160,11 @@ def test_a_methods_derive_reads_the_settings_only_when_it_declares_them(registry
     assert plan.config.head_lr == 0.02 and "head_lr" not in plan.derived
     # the bag of word pieces is derived like a core setting, and --set turns it off
     from xmcbench_lightxml.options import LEXICAL_BUCKETS
-    assert LEXICAL_BUCKETS.value_of(plan.config) == 4096 and "flat" in plan.derived["options.lexical_buckets"].source
+    assert LEXICAL_BUCKETS.value_of(plan.config) == 8192 and "flat" in plan.derived["options.lexical_buckets"].source
+    assert {"options.lexical_window", "options.lexical_norm"} <= set(plan.derived)
     plan = plan_run(registry, "lightxml", str(tiny_dataset), set_options=["options.lexical_buckets=0"])
     assert LEXICAL_BUCKETS.value_of(plan.config) == 0 and "options.lexical_buckets" not in plan.derived
+    assert not {"options.lexical_window", "options.lexical_norm"} & set(plan.derived)   # the encoder would refuse them
     # cascade's derive(statistics, device) declares no settings and still gets its tree
     assert "tree_levels" in plan_run(registry, "cascade", str(tiny_dataset)).derived
 

@@ -25,7 +25,8 @@ import numpy as np
 # it never reads; derived from the device, they split its runs on two machines into two report variants).
 # 5: LightXML's heads learn at 1e-3 where its rows start at PIFA (plugins/xmcbench_lightxml/methods.py).
 # 6: a flat LightXML head reads a bag of 4,096 buckets of word pieces beside the [CLS] states (the same file).
-RULE_VERSION = 6
+# 7: that bag reads up to 512 word pieces of each document, in 8,192 buckets, scaled to length 4 (the same file).
+RULE_VERSION = 7
 
 LENGTH_SAMPLE = 2000             # training texts tokenized (without truncation) for the length distribution
 LENGTH_QUANTILE = 0.9            # max_length covers this share of training texts whole...
@@ -63,6 +64,9 @@ class DatasetStatistics:
     token_length_p90: int          # over a sample of at most LENGTH_SAMPLE training texts, the same for every seed
     token_length_p95: int
     model_max_length: int          # positions the encoder can read (its tokenizer's limit)
+    # its tokenizer pads and truncates on the right (True where there is none): a window of more than max_length
+    # tokens can be cut down to the transformer's
+    tokenizer_cuts_on_the_right: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,6 +107,8 @@ def dataset_statistics(train_texts: list[str] | None, train_labels, tokenizer) -
     if not len(lengths):
         lengths = np.zeros(1)
     limit = getattr(tokenizer, "model_max_length", GPU_MAX_LENGTH) if tokenizer is not None else 0
+    if tokenizer is not None:
+        from xmcbench.tokenization import cuts_on_the_right   # here: registering a plugin must not import torch
     return DatasetStatistics(
         documents=int(documents),
         labels=int(labels),
@@ -114,6 +120,7 @@ def dataset_statistics(train_texts: list[str] | None, train_labels, tokenizer) -
         token_length_p90=int(np.percentile(lengths, 90)),
         token_length_p95=int(np.percentile(lengths, 95)),
         model_max_length=(int(limit) if limit < 1_000_000 else GPU_MAX_LENGTH) if tokenizer is not None else 0,
+        tokenizer_cuts_on_the_right=tokenizer is None or cuts_on_the_right(tokenizer),
     )
 
 

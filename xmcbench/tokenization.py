@@ -77,6 +77,12 @@ def pads_left(tokenizer) -> bool:
     return getattr(tokenizer, "padding_side", "right") == "left"
 
 
+def cuts_on_the_right(tokenizer) -> bool:
+    """Whether `tokenizer` pads and truncates on the right, so a document tokenized to a longer window can be cut
+    down to its first max_length tokens (LightXML's options.lexical_window needs it)."""
+    return not pads_left(tokenizer) and getattr(tokenizer, "truncation_side", "right") == "right"
+
+
 def token_ids(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
     """What xmcbench asks a tokenizer for: one unpadded id list per text, truncated to max_length, special
     tokens added."""

@@ -12,7 +12,7 @@ from torch import nn
 
 from xmcbench.errors import XmcError
 from xmcbench.interfaces import Encoder
-from xmcbench.tokenization import load_transformer, pads_left
+from xmcbench.tokenization import cuts_on_the_right, load_transformer
 from xmcbench_lightxml.options import LEXICAL_BUCKETS, LEXICAL_NORM, LEXICAL_WINDOW
 
 # Models whose summary token comes last (XLNet appends <sep><cls>); all others put it first.
@@ -57,7 +57,7 @@ class TransformerClsEncoder(Encoder):
             raise XmcError(f"options.lexical_window={lexical_window} sets how much of each document the bag of "
                            "word pieces reads, but there is no bag: add --set options.lexical_buckets=4096 or drop "
                            "options.lexical_window")
-        if pads_left(self.tokenizer) or getattr(self.tokenizer, "truncation_side", "right") != "right":
+        if not cuts_on_the_right(self.tokenizer):
             raise XmcError("options.lexical_window cuts each document's first max_length tokens out of a longer "
                            "window, which needs a tokenizer that pads and truncates on the right; this one does not, "
                            "so drop options.lexical_window")

@@ -7,7 +7,7 @@ length, bottleneck h, clusters, recalled clusters b, SWA schedule). The original
 
 from xmcbench.config import MethodSpec, Stage, TrainConfig
 from xmcbench.defaults import DatasetStatistics, Derived, DeviceFacts
-from xmcbench_lightxml.options import HEAD_INIT
+from xmcbench_lightxml.options import HEAD_INIT, LEXICAL_BUCKETS
 
 LIGHTXML_DEFAULTS = {
     "encoder": "transformer-cls",
@@ -57,15 +57,22 @@ DEBIAN_PRESETS = {
 # The rate of rows that start at PIFA: the core's 1e-2 is for heads that start at random, far from where they end
 # (the measurements are in derive_flat_head's why and BENCHMARKS.md section 10).
 PIFA_HEAD_LR = 1e-3
-# A flat head reads the window's words beside the [CLS] states, as a linear method does; 4,096 buckets (about 7 of
-# the vocabulary's 30,522 word pieces each) did better than 16,384 for half the price (BENCHMARKS.md section 10).
-FLAT_LEXICAL_BUCKETS = 4096
+# A flat head reads the document's words beside the [CLS] states, as a linear method does (BENCHMARKS.md section 10):
+# 4,096 buckets (about 7 of the vocabulary's 30,522 word pieces each) did better than 16,384 for half the price on a
+# cut of debian-builddeps; on the full dataset 8,192 did better than 4,096 (P@1 86.93 -> 87.12, seed 1). The bag
+# reads up to 512 word pieces, where a CPU's transformer reads 128, and is scaled to length 4, about the centred
+# [CLS] states' median length.
+FLAT_LEXICAL_BUCKETS = 8192
+FLAT_LEXICAL_WINDOW = 512
+FLAT_LEXICAL_NORM = 4.0
 
 
 def derive_flat_head(statistics: DatasetStatistics, device: DeviceFacts, *, settings: TrainConfig) -> dict:
     """The head of a flat run (settings: the run's clusters, the core's derived cluster_size or the user's):
-    options.lexical_buckets FLAT_LEXICAL_BUCKETS, and head_lr PIFA_HEAD_LR where options.head_init (auto or
-    pifa) starts each row at its documents. Label clusters get neither."""
+    a bag of word pieces (options.lexical_buckets FLAT_LEXICAL_BUCKETS, options.lexical_window FLAT_LEXICAL_WINDOW
+    where that is longer than max_length and the tokenizer cuts on the right, options.lexical_norm
+    FLAT_LEXICAL_NORM), and head_lr PIFA_HEAD_LR where options.head_init (auto or pifa) starts each row at its
+    documents. Label clusters get neither; a run whose --set turns the bag off gets no window or length."""
     from xmcbench.indexing import resolve_num_clusters   # here: registering the plugin must not import torch
 
     if resolve_num_clusters(settings, statistics.labels) != statistics.labels:
@@ -73,15 +80,36 @@ def derive_flat_head(statistics: DatasetStatistics, device: DeviceFacts, *, sett
     flat = f"labels = {statistics.labels}: flat"
     derived = {"options.lexical_buckets": Derived(
         FLAT_LEXICAL_BUCKETS, flat,
-        "a flat head reads a bag of the window's word pieces beside the [CLS] states, as a linear method reads its "
-        "words: on a 5,000-document cut of debian-builddeps (seeds 0 / 1) P@1 85.34 / 84.72 -> 86.15 / 85.40, above "
-        "Bonsai's 85.75 / 85.24, PSP@5 26.21 / 26.12 -> 26.16 / 25.98 (Bonsai 25.37 / 25.46), for about 3 times "
-        "the CPU time a document and epoch; on debian-debtags-mini (seeds 0 / 1) P@1 90.46 / 90.46 -> 90.80 / "
-        "90.80 but PSP@5 58.37 / 59.20 -> 53.90 / 54.84 (Bonsai 52.22 / 52.49); on debian-debtags (seeds 0 / 1) P@1 "
-        "91.20 / 91.40 -> 90.99 / 90.40 and PSP@5 70.64 / 70.76 -> 66.69 / 67.01 (Bonsai 87.82 / 64.64, 88.05 / "
-        "65.03), labels with at most 3 training documents 0.00 -> 0.03 / 0.00 of PSP@5: it trades the tail's share "
-        "for the head's; on the full debian-builddeps (seed 0, 128 tokens) P@1 86.43 against Bonsai's 86.99, PSP@5 "
-        "30.13 against 29.53")}
+        "a flat head reads a bag of the document's word pieces beside the [CLS] states, as a linear method reads its "
+        "words: on a 5,000-document cut of debian-builddeps (seeds 0 / 1) 4,096 buckets over the transformer's "
+        "window took P@1 from 85.34 / 84.72 to 86.15 / 85.40, above Bonsai's 85.75 / 85.24, for about 3 times the "
+        "CPU time a document and epoch, but cost debian-debtags-mini and debian-debtags 4 points of PSP@5. 8,192 "
+        "buckets over up to 512 word pieces at length 4 (options.lexical_window and options.lexical_norm) against "
+        "that raw bag, 2-core CPU: the full debian-builddeps (seed 0) P@1 86.43 -> 87.37 (Bonsai 87.08), PSP@5 "
+        "30.13 -> 30.62 (Bonsai 29.52), and seed 1 87.12 (Bonsai 87.23); debian-debtags-mini (seeds 0 / 1) P@1 "
+        "90.80 / 90.80 -> 90.38 / 90.88 (Bonsai 86.07 / 86.32), PSP@5 53.90 / 54.84 -> 57.42 / 58.08 (Bonsai 51.97 / "
+        "52.31); the full debian-debtags (seed 1) P@1 90.40 -> "
+        "92.01 (Bonsai 87.96), PSP@5 67.01 -> 70.31 (Bonsai 64.88) (reports/the-tail)")}
+    given_buckets = (settings.options or {}).get(LEXICAL_BUCKETS.name)
+    if given_buckets is not None and not LEXICAL_BUCKETS.value_of(settings):
+        return derived   # --set options.lexical_buckets=0: no bag, so nothing to read it over or scale
+    window = min(FLAT_LEXICAL_WINDOW, statistics.model_max_length)
+    if statistics.tokenizer_cuts_on_the_right and window > settings.max_length:
+        derived["options.lexical_window"] = Derived(
+            window, f"{flat}; max_length = {settings.max_length}, the encoder reads {statistics.model_max_length} "
+                    f"(token length p95 = {statistics.token_length_p95})",
+            f"the bag reads the first {window} word pieces of each document while the transformer reads "
+            f"{settings.max_length}, as a linear method reads the whole text; the bag costs little per token, the "
+            "transformer every one. On the full debian-builddeps (47 % of the test texts' word pieces past the "
+            "128th) it took P@1 on the documents longer than 128 tokens from 84.75 to 85.15 (seed 0, 4,096 raw "
+            "buckets); options.lexical_buckets' why has the three options together")
+    derived["options.lexical_norm"] = Derived(
+        FLAT_LEXICAL_NORM, flat,
+        f"each document's bag is scaled to length {FLAT_LEXICAL_NORM:g}, as a linear method makes each TF-IDF row "
+        "unit length, so a long text's words weigh no more than a short one's; 4 is about the median length of "
+        "all-MiniLM-L6-v2's centred [CLS] states (benchmarks/bag_lengths.py). On the full debian-builddeps (seed 1, "
+        "512 word pieces) P@1 86.52 -> 86.93 and PSP@5 30.16 -> 30.64 against the raw bag; options.lexical_buckets' "
+        "why has the three options together")
     head_init = HEAD_INIT.value_of(settings)
     if head_init != "random":
         derived["head_lr"] = Derived(

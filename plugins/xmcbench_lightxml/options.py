@@ -54,9 +54,10 @@ LEXICAL_BUCKETS = Option("lexical_buckets", int, 0, "F > 0: the encoder appends 
                          "so the heads read the words themselves beside the transformer's summary of them, as a linear "
                          "method does (XR-Transformer concatenates TF-IDF and neural features the same way); the "
                          "representation grows by F, and so does every head row: with 20,813 labels a CPU trains 2.8 "
-                         "times slower and holds 7 GB at F = 4,096, 5.6 times and 18 GB at 16,384 (BENCHMARKS.md "
-                         "section 10). 0: the [CLS] states alone; lightxml derives 4,096 for a flat run on a "
-                         "dataset it has no preset for (rule version 6)",
+                         "times slower and holds 7 GB at F = 4,096, 5.6 times and 18 GB at 16,384; at 8,192 over a "
+                         "512-token window, 1.3 to 1.4 times the 4,096 run's time and 12 GB (BENCHMARKS.md "
+                         "section 10). 0: the [CLS] states alone; lightxml derives 8,192 for a flat run on a "
+                         "dataset it has no preset for (rule version 7; 4,096 under version 6)",
                          minimum=0)
 LEXICAL_WINDOW = Option("lexical_window", int, 0, "W > max_length: the bag of word pieces (options.lexical_buckets) "
                         "reads the first W word pieces of each document while the transformer still reads max_length, "
@@ -64,16 +65,18 @@ LEXICAL_WINDOW = Option("lexical_window", int, 0, "W > max_length: the bag of wo
                         "linear method reads them; documents are tokenized to W and cut to max_length (ended as the "
                         "tokenizer ends a text it truncates) before the transformer. The bag costs little per token, "
                         "the transformer pays for every one. 0 (or at most max_length): the bag reads the "
-                        "transformer's window. Needs options.lexical_buckets > 0 and a tokenizer that pads and "
-                        "truncates on the right",
+                        "transformer's window; lightxml derives 512 (or the encoder's limit) where its bag is "
+                        "derived and max_length is shorter (rule version 7). Needs options.lexical_buckets > 0 and a "
+                        "tokenizer that pads and truncates on the right",
                         minimum=0)
 LEXICAL_NORM = Option("lexical_norm", float, 0.0, "N > 0: each document's bag of word pieces (options.lexical_buckets) "
                       "is scaled to Euclidean length N, as a linear method makes each document's TF-IDF row unit "
                       "length, so a long text's words weigh no more in the heads than a short one's; N sets the bag's "
                       "weight beside the [CLS] states (on debian-builddeps the raw bag of a 128-token window has a "
                       "median length of 12, the centred [CLS] states of all-MiniLM-L6-v2 about 4: "
-                      "benchmarks/bag_lengths.py). 0: the raw bag, whose length grows with the text. Needs "
-                      "options.lexical_buckets > 0", minimum=0.0)
+                      "benchmarks/bag_lengths.py). 0: the raw bag, whose length grows with the text; lightxml "
+                      "derives 4 where its bag is derived (rule version 7). Needs options.lexical_buckets > 0",
+                      minimum=0.0)
 ENCODER_OPTIONS = (LEXICAL_BUCKETS, LEXICAL_WINDOW, LEXICAL_NORM)
 RECALLER_OPTIONS = (POSITIVE_WEIGHT, HEAD_INIT, PIFA_SCALE, PIFA_LENGTH, LOGIT_ADJUSTMENT, HOLD_PRIOR, ROW_LR_DOCUMENTS,
                     CALIBRATION)
