@@ -106,9 +106,9 @@ def dataset_statistics(train_texts: list[str] | None, train_labels, tokenizer) -
         else np.zeros(0)
     if not len(lengths):
         lengths = np.zeros(1)
+    from xmcbench.tokenization import cuts_on_the_right   # here: registering a plugin must not import torch
+
     limit = getattr(tokenizer, "model_max_length", GPU_MAX_LENGTH) if tokenizer is not None else 0
-    if tokenizer is not None:
-        from xmcbench.tokenization import cuts_on_the_right   # here: registering a plugin must not import torch
     return DatasetStatistics(
         documents=int(documents),
         labels=int(labels),

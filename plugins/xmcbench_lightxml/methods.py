@@ -90,8 +90,7 @@ def derive_flat_head(statistics: DatasetStatistics, device: DeviceFacts, *, sett
         "90.80 / 90.80 -> 90.38 / 90.88 (Bonsai 86.07 / 86.32), PSP@5 53.90 / 54.84 -> 57.42 / 58.08 (Bonsai 51.97 / "
         "52.31); the full debian-debtags (seed 1) P@1 90.40 -> "
         "92.01 (Bonsai 87.96), PSP@5 67.01 -> 70.31 (Bonsai 64.88) (reports/the-tail)")}
-    given_buckets = (settings.options or {}).get(LEXICAL_BUCKETS.name)
-    if given_buckets is not None and not LEXICAL_BUCKETS.value_of(settings):
+    if LEXICAL_BUCKETS.name in (settings.options or {}) and not LEXICAL_BUCKETS.value_of(settings):
         return derived   # --set options.lexical_buckets=0: no bag, so nothing to read it over or scale
     window = min(FLAT_LEXICAL_WINDOW, statistics.model_max_length)
     if statistics.tokenizer_cuts_on_the_right and window > settings.max_length:
