@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -286,6 +287,50 @@ def test_stacking_needs_enough_relevant_candidates_to_fit():
                                      fusion_rules.label_depth(np.ones(40))) is None
 
 
+def fit_constructed_fusion(monkeypatch, rule, counts, num_docs=120, extra_label=False):
+    """fit_fusion on members_right_in_different_bins' validation rows, its labels given `counts` training
+    documents; extra_label: the second member's vocabulary holds one more label (a zero-shot one)."""
+    truth, labels, scores, _ = members_right_in_different_bins(num_docs=num_docs)
+    names = [f"label{i}" for i in range(truth.shape[1])]
+    members = [ensemble.Member(Path("tail"), {"method": "tail"}, names, ""),
+               ensemble.Member(Path("head"), {"method": "head"}, names + ["unseen"] * extra_label, "")]
+    dataset = SimpleNamespace(train_labels=truth, label_names=names)
+    monkeypatch.setattr(ensemble, "_validation_predictions",
+                        lambda *_: (labels, scores, np.arange(truth.shape[0])))
+    monkeypatch.setattr(ensemble, "training_counts",
+                        lambda _, num_labels: np.concatenate([counts, np.zeros(num_labels - len(counts), int)]))
+    monkeypatch.setattr(ensemble, "scoring_config", lambda _: None)
+    monkeypatch.setattr(ensemble, "propensities", lambda _, __, found: SimpleNamespace(inverse=np.ones(len(found))))
+    return ensemble.fit_fusion(members, dataset, 5, rule)
+
+
+def test_weighted_fusion_keeps_the_stacked_model_where_it_scores_better_on_validation(monkeypatch):
+    # each member is right on its own labels, 5 and 90 training documents: one weight bin (4-100), so no weights
+    # separate them, and the stacked model reads the labels' depth
+    counts = np.repeat([5, 90], 20)
+    fusion = fit_constructed_fusion(monkeypatch, "weighted", counts)
+    assert fusion.rule == "stacked" and fusion.record["stacked_model_chosen"].startswith("yes")
+    assert fusion.record["validation"]["P@1"] == 100.0 and fusion.record["validation_weights"]["P@1"] == 0.0
+    assert fusion.weights is not None, "the weights the rule chose first are kept beside the stacked model"
+    # with the stacked model asked for, the same model, without the choice
+    asked = fit_constructed_fusion(monkeypatch, "stacked", counts)
+    assert asked.rule == "stacked" and "stacked_model_chosen" not in asked.record
+    assert asked.stacking == fusion.stacking
+
+
+def test_weighted_fusion_keeps_its_weights_where_the_stacked_model_cannot_be_fitted_or_read(monkeypatch):
+    counts = np.repeat([5, 90], 20)
+    few = fit_constructed_fusion(monkeypatch, "weighted", counts, num_docs=20)        # 40 validation positives
+    assert few.rule == "weighted" and few.record["stacked_model_chosen"].startswith("no: the validation rows hold")
+    nested = fit_constructed_fusion(monkeypatch, "weighted", counts, extra_label=True)
+    assert nested.rule == "weighted" and "vocabularies differ" in nested.record["stacked_model_chosen"]
+    # weights per bin that already make every first label right leave the stacked model nothing to add
+    separable = fit_constructed_fusion(monkeypatch, "weighted", np.repeat([2, 500], 20))
+    assert separable.rule == "weighted" and separable.bin_weights is not None
+    assert separable.record["stacked_model_chosen"].startswith("no: the stacked model did not score better")
+    assert separable.record["validation_stacked_model"]["objective"] <= separable.record["validation"]["objective"]
+
+
 def test_weights_per_bin_keep_a_zero_shot_label_its_score():
     # member 1 knows 4 labels, member 2 also a fifth (a zero-shot label, in bin 0); bin 0 weighs member 1 at 0.9
     labels = [np.array([[0, 1]]), np.array([[4, 0]])]
@@ -545,6 +590,8 @@ def test_weighted_ensemble_round_trip(hybrid, tmp_path):
     assert len(fusion["weights"]) == 2 and sum(fusion["weights"]) == pytest.approx(1.0)
     assert fusion["member_methods"] == ["lightxml", "lightxml-random-neg"] and fusion["validation_documents"] == 8
     assert fusion["objective"] == fusion_rules.FUSION_OBJECTIVE and len(fusion["quantiles"]) == 2
+    # 8 validation documents hold too few relevant labels to fit the stacked model, and the record says so
+    assert fusion["stacked_model_chosen"].startswith("no: the validation rows hold fewer than")
     config = json.loads((directory / "config.json").read_text())
     assert config["method"] == "weighted-ensemble(lightxml+lightxml-random-neg)"
     assert config["fusion"]["weights"] == fusion["weights"] and "quantiles" not in config["fusion"]

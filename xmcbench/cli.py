@@ -66,7 +66,8 @@ TestSizeOption = typer.Option(None, "--test-size", help="split a single file: th
                                                         "rows that become the test set (seeded)")
 FusionOption = typer.Option("sum", "--fusion", help="sum: raw scores summed (the paper's rule, one method family); "
                                                     "weighted: each member's scores normalised by its validation "
-                                                    "scores, weights chosen on the validation rows (mixed families); "
+                                                    "scores, weights chosen on the validation rows (mixed families), "
+                                                    "or the stacked model where it scores better there; "
                                                     "stacked: the same scores, ranked by a logistic regression "
                                                     "fitted on the validation rows")
 

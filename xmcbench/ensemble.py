@@ -330,8 +330,9 @@ def fit_fusion(members: list[Member], dataset, top_k: int, rule: str = "weighted
         if rule == "stacked":
             raise XmcError("--fusion stacked reads each label's training documents, but a member's model keeps no "
                            "label_info.json (trained by an older xmcbench); train it again, or use --fusion weighted")
-        record["bin_weights_chosen"] = ("no: a member's model keeps no label_info.json (trained by an older "
-                                        "xmcbench), so the labels' training documents are not known")
+        unknown = ("no: a member's model keeps no label_info.json (trained by an older xmcbench), so the labels' "
+                   "training documents are not known")
+        record["bin_weights_chosen"] = record["stacked_model_chosen"] = unknown
         return Fusion("weighted", weights, quantiles, record)
     label_bins = np.searchsorted(np.asarray(WEIGHT_BINS), counts, side="left")      # (L,) 0: at most 3 documents
     known = truth.indices[truth.indices < len(names)]
@@ -356,16 +357,30 @@ def fit_fusion(members: list[Member], dataset, top_k: int, rule: str = "weighted
             record["bin_weights_chosen"] = "yes"
             record["validation"] = per_bin
             fusion = Fusion("weighted", weights, quantiles, record, table.T.tolist(), label_bins)
-    if rule == "weighted":
+    if rule == "weighted" and len(set(sizes)) > 1:
+        # the weights keep a zero-shot label (outside some member's vocabulary) its score; the stacked model would
+        # read it as a label that member does not propose, and the validation rows hold none to learn otherwise
+        record["stacked_model_chosen"] = ("no: the members' vocabularies differ (zero-shot labels), which the "
+                                          "weights score and the stacked model cannot learn on validation rows")
         return fusion
     depth = label_depth(counts)
     fitted = fit_stacking(top_lists, normalised, truth, inv_propensity, top_k, depth)
     if fitted is None:
+        if rule == "weighted":
+            record["stacked_model_chosen"] = (f"no: the validation rows hold fewer than {STACKING_MIN_POSITIVES} "
+                                              "relevant labels (or no irrelevant one) among the members' top lists")
+            return fusion
         raise XmcError(f"--fusion stacked needs {STACKING_MIN_POSITIVES} relevant labels (and an irrelevant one) "
                        f"among the members' top-{top_k} on the {len(rows)} validation rows, and they hold fewer; "
                        "train the members with a larger --set validation_size=N, or use --fusion weighted")
     stacking, validation, _ = fitted
-    record["validation_weights"] = record["validation"]   # what --fusion weighted would have chosen
+    if rule == "weighted":
+        if validation["objective"] <= record["validation"]["objective"] + 1e-9:
+            record["stacked_model_chosen"] = "no: the stacked model did not score better on the validation rows"
+            record["validation_stacked_model"] = validation
+            return fusion
+        record["stacked_model_chosen"] = "yes: it scored better on the validation rows than the weights"
+    record["validation_weights"] = record["validation"]   # what the weights alone would have chosen
     record["validation"] = validation
     return Fusion("stacked", weights, quantiles, record, fusion.bin_weights, fusion.label_bins, stacking, depth,
                   np.log(inv_propensity[:len(depth)]))   # the vocabulary's labels: only those can be candidates

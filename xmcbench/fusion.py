@@ -32,6 +32,12 @@ scores (ties: lower id first).
   the weights of its neighbour toward the head), and each group gets weights of its own, by coordinate ascent
   from the weights above (choose_bin_weights): one member may lead the head and another the tail. They are kept
   only when they score better on the validation rows than one weight per member; the record says which, and why.
+  The stacked model: last, `weighted` fits the stacked model below on the same rows and ranks with it instead of
+  the weights when it scores better there on FUSION_OBJECTIVE: a combiner of the members' scores and the labels'
+  training documents, which one weight per bin cannot express; the record's "stacked_model_chosen" says whether,
+  and why not. Not for members whose vocabularies differ (the weights keep a zero-shot label its score; the
+  stacked model cannot learn such labels on validation rows), nor where it cannot be fitted (too few relevant
+  validation labels).
 - `stacked`: the same normalisation, then a logistic regression (STACKING_C) fitted on the same validation rows,
   over every label in some member's top-k of each row: whether it is relevant, from each member's normalised score
   of it (0 outside that member's top-k) and whether it is in that member's top-k, both also times the label's depth
@@ -41,7 +47,8 @@ scores (ties: lower id first).
   STACKING_ALPHAS chosen by FUSION_OBJECTIVE (alpha 0 orders by the estimated probability, what maximises expected
   P@k; alpha 1 by probability times inverse propensity, what maximises expected PSP@k). It needs
   STACKING_MIN_POSITIVES relevant labels among the validation rows' candidates. The weights `weighted` would choose
-  are chosen and recorded too, beside the stacked model's validation figures. A label outside a member's
+  are chosen and recorded too, beside the stacked model's validation figures. `stacked` ranks with the model
+  whatever the weights score; `weighted` only where it scores better. A label outside a member's
   vocabulary (zero-shot) reads as not proposed by that member; the validation rows hold none to learn otherwise.
   The validation rows: every member must have `validation_predictions.safetensors` (written by
   `xmcbench run` when validation_size > 0; see xmcbench.rundir.save_validation_predictions) over the same
