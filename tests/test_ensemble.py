@@ -653,6 +653,28 @@ def test_a_stacked_ensemble_round_trip(hybrid, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert "a stacked model (a logistic regression" in (report / "report.md").read_text()
 
+    # --fusion weighted keeps the same model where it scores better on validation (here made to: on 8 documents it
+    # does not), under its own name, so the seeds of one hybrid stay one row whichever each keeps
+    fit = ensemble.fit_stacking
+
+    def scoring_better(*args):
+        model, validation, tried = fit(*args)
+        return model, {**validation, "objective": validation["objective"] + 100}, tried
+
+    monkeypatch.setattr(ensemble, "fit_stacking", scoring_better)
+    weighted = ensemble.build_ensemble(members, tmp_path / "weighted", fusion="weighted", registry=registry,
+                                       log=lambda line: None)
+    chosen = json.loads((weighted / "ensemble.json").read_text())
+    assert chosen["fusion"]["stacked_model_chosen"].startswith("yes") and chosen["schema"] == 4
+    assert chosen["fusion"]["stacking"] == fusion["stacking"]
+    config = json.loads((weighted / "config.json").read_text())
+    assert config["method"] == "weighted-ensemble(lightxml+lightxml-random-neg)"
+    assert config["resolved"]["fusion"] == "stacked"
+    report = tmp_path / "report-weighted"
+    result = cli.invoke(app, ["report", str(weighted), "--output", str(report)])
+    assert result.exit_code == 0, result.output
+    assert "a stacked model fitted on" in (report / "report.md").read_text()
+
     # an xmcbench that predates stacking refuses it in one line instead of fusing with the weights alone
     monkeypatch.setattr(ensemble, "SCHEMA_VERSION", 3)
     with pytest.raises(XmcError, match="schema 4 but this xmcbench reads 3"):

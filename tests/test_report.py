@@ -537,3 +537,20 @@ def test_no_checks_section_without_predictions_and_a_clean_one_with_healthy_runs
             write_predictions(results / method / f"seed{seed}", rng.integers(0, 506, size=100))
     text = report.write_report(report.load_runs([results], log=lambda line: None), tmp_path / "healthy").read_text()
     assert "## Checks" in text and "No run is degenerate" in text and "**Degenerate" not in text
+
+
+def test_a_weighted_hybrid_whose_seeds_rank_differently_says_both():
+    # --fusion weighted keeps its stacked model on some seeds only; the seeds stay one row, and its line says so
+    def seed(number, fusion):
+        config = {"method": "weighted-ensemble(a+b)", "fusion": {"validation_documents": 40,
+                                                                "objective": "the smallest lead", **fusion}}
+        return report.RunResult(Path(f"s{number}"), "weighted-ensemble(a+b)", "d", number, config, {}, {}, {}, [], 0)
+
+    weights = {"rule": "weighted", "member_methods": ["a", "b"], "weights": [0.7, 0.3]}
+    stacked = {**weights, "rule": "stacked", "stacking": {"alpha": 0.3}}
+    group = report._Group("d", "weighted-ensemble(a+b)", "weighted-ensemble(a+b)", [seed(0, weights), seed(1, stacked)])
+    line, = report._fusion_lines([group], several_datasets=False)
+    assert "weights chosen, or a stacked model fitted, on 40 validation documents" in line
+    assert "seed 0: a 0.7, b 0.3" in line and "seed 1: a stacked model" in line
+    group.runs = group.runs[1:]
+    assert "a stacked model fitted on 40" in report._fusion_lines([group], several_datasets=False)[0]

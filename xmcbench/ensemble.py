@@ -16,8 +16,8 @@ An ensemble directory:
                                Schema 1 for sum (as before), 2 for weighted, 3 for weighted with weights per bin, 4
                                for stacked (an older xmcbench refuses what it cannot fuse right)
     config.json               method "ensemble(m1+m2+...)" (sum), "weighted-ensemble(m1+m2+...)" or
-                              "stacked-ensemble(m1+m2+...)", dataset
-                              and version, member 0's config, the fusion (without quantiles), so a report
+                              "stacked-ensemble(m1+m2+...)" (the --fusion asked for, also where weighted kept
+                              its stacked model: schema 4 and "rule" say what ranks), dataset and version, member 0's config, the fusion (without quantiles), so a report
                               reads it like a run
     metrics.json              test metrics of the ensemble (written last: its presence marks a finished build)
     timings.json              members' training seconds and prediction ms/document, summed
@@ -493,14 +493,16 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
     refs = [os.path.relpath(m.path.resolve(), base) for m in members]
     with written_beside(output) as staging:
         _write_ensemble(staging, members, refs, top_k, sha, rule, dataset, dataset_ref, labels, scores, metrics,
-                        source, combine_seconds)
+                        source, combine_seconds, fusion)
     return output
 
 
 def _write_ensemble(output: Path, members: list[Member], refs: list[str], top_k: int, sha: str, rule: Fusion,
                     dataset, dataset_ref: str, labels: np.ndarray, scores: np.ndarray, metrics: dict, source: str,
-                    combine_seconds: float) -> None:
-    """The files of an ensemble directory (module docstring) into `output`, metrics.json last."""
+                    combine_seconds: float, requested: str) -> None:
+    """The files of an ensemble directory (module docstring) into `output`, metrics.json last. requested: the
+    --fusion asked for, which names the method: a weighted fusion that ranks with its stacked model stays
+    "weighted-ensemble(...)", so the seeds of one hybrid make one row of a report whichever each kept."""
     first = members[0]
     # schema 1 for sum, which every xmcbench reads right; 2 makes one that predates weighted fusion refuse it, 3 one
     # that predates weights per bin (it would fuse with the one weight per member and say nothing), 4 one that
@@ -509,7 +511,7 @@ def _write_ensemble(output: Path, members: list[Member], refs: list[str], top_k:
     write_json(output / ENSEMBLE_FILE, {"schema": schema, "members": refs, "top_k": top_k,
                                         "label_names_sha256": sha, "fusion": rule.to_json()})
     write_json(output / "config.json", {
-        "method": ("ensemble(" if rule.rule == "sum" else f"{rule.rule}-ensemble(")
+        "method": ("ensemble(" if requested == "sum" else f"{requested}-ensemble(")
         + "+".join(m.method for m in members) + ")",
         "dataset": dataset_ref, "dataset_name": dataset.name, "dataset_version": dataset.version,
         "members": refs, "config": first.config.get("config", {}), "fusion": rule.summary(),

@@ -1128,7 +1128,9 @@ def _fusion_lines(groups: list[_Group], several_datasets: bool) -> list[str]:
                 pairs = [f"{figures['P@1']:.2f} / {figures['PSP@5']:.2f}" for figures in shown]
                 weights += f" (validation P@1 / PSP@5 {pairs[0]}; members alone " + ", ".join(pairs[1:]) + ")"
             per_seed.append(f"seed {seed}: {weights}")
-        fitted = "a stacked model fitted" if first.get("rule") == "stacked" else "weights chosen"
+        rules = {fusion.get("rule") for _, fusion in fusions}
+        fitted = ("a stacked model fitted" if rules == {"stacked"} else "weights chosen" if rules == {"weighted"}
+                  else "weights chosen, or a stacked model fitted,")
         lines.append(f"- {name}: each member's scores normalised by its own validation scores (their empirical "
                      f"distribution), {fitted} "
                      f"on {markdown_text(first.get('validation_documents', '?'))} "
