@@ -17,8 +17,8 @@ An ensemble directory:
                                for stacked (an older xmcbench refuses what it cannot fuse right)
     config.json               method "ensemble(m1+m2+...)" (sum), "weighted-ensemble(m1+m2+...)" or
                               "stacked-ensemble(m1+m2+...)" (the --fusion asked for, also where weighted kept
-                              its stacked model: schema 4 and "rule" say what ranks), dataset and version, member 0's config, the fusion (without quantiles), so a report
-                              reads it like a run
+                              its stacked model: schema 4 and "rule" say what ranks), dataset and version,
+                              member 0's config, the fusion (without quantiles), so a report reads it like a run
     metrics.json              test metrics of the ensemble (written last: its presence marks a finished build)
     timings.json              members' training seconds and prediction ms/document, summed
     predictions.safetensors   the ensemble's test-set top-k (labels (N, k) int64, scores (N, k) float32)
