@@ -586,7 +586,9 @@ def test_weighted_ensemble_round_trip(hybrid, tmp_path):
     assert "weighted fusion: weights lightxml" in result.output and "weighted fusion, metrics from" in result.stdout
     spec = json.loads((directory / "ensemble.json").read_text())
     fusion = spec["fusion"]
-    assert spec["schema"] == 2 and fusion["rule"] == "weighted" and fusion["normalisation"] == "validation-quantiles"
+    assert spec["schema"] == (5 if fusion["tail_slots"]["alpha"] > 0 else 2) and fusion["rule"] == "weighted"
+    assert fusion["normalisation"] == "validation-quantiles" and fusion["tail_slots_chosen"]["alpha"] == \
+        fusion["tail_slots"]["alpha"] in fusion_rules.TAIL_ALPHAS
     assert len(fusion["weights"]) == 2 and sum(fusion["weights"]) == pytest.approx(1.0)
     assert fusion["member_methods"] == ["lightxml", "lightxml-random-neg"] and fusion["validation_documents"] == 8
     assert fusion["objective"] == fusion_rules.FUSION_OBJECTIVE and len(fusion["quantiles"]) == 2
@@ -640,8 +642,9 @@ def test_a_stacked_ensemble_round_trip(hybrid, tmp_path, monkeypatch):
                                         log=lambda line: None)
     spec = json.loads((directory / "ensemble.json").read_text())
     fusion = spec["fusion"]
-    assert spec["schema"] == 4 and fusion["rule"] == "stacked" and fusion["stacking"]["alpha"] in \
-        fusion_rules.STACKING_ALPHAS
+    # schema 5 where the tail slots were chosen (alpha > 0), else 4
+    assert spec["schema"] == (5 if fusion["tail_slots"]["alpha"] > 0 else 4) and fusion["rule"] == "stacked"
+    assert fusion["stacking"]["alpha"] in fusion_rules.STACKING_ALPHAS
     assert json.loads((directory / "config.json").read_text())["method"] == \
         "stacked-ensemble(lightxml+lightxml-random-neg)"
     assert set(fusion["validation"]) == set(fusion["validation_weights"]) == {"P@1", "PSP@5", "objective"}
@@ -665,7 +668,7 @@ def test_a_stacked_ensemble_round_trip(hybrid, tmp_path, monkeypatch):
     weighted = ensemble.build_ensemble(members, tmp_path / "weighted", fusion="weighted", registry=registry,
                                        log=lambda line: None)
     chosen = json.loads((weighted / "ensemble.json").read_text())
-    assert chosen["fusion"]["stacked_model_chosen"].startswith("yes") and chosen["schema"] == 4
+    assert chosen["fusion"]["stacked_model_chosen"].startswith("yes") and chosen["schema"] in (4, 5)
     assert chosen["fusion"]["stacking"] == fusion["stacking"]
     config = json.loads((weighted / "config.json").read_text())
     assert config["method"] == "weighted-ensemble(lightxml+lightxml-random-neg)"
@@ -677,7 +680,7 @@ def test_a_stacked_ensemble_round_trip(hybrid, tmp_path, monkeypatch):
 
     # an xmcbench that predates stacking refuses it in one line instead of fusing with the weights alone
     monkeypatch.setattr(ensemble, "SCHEMA_VERSION", 3)
-    with pytest.raises(XmcError, match="schema 4 but this xmcbench reads 3"):
+    with pytest.raises(XmcError, match=f"schema {spec['schema']} but this xmcbench reads 3"):
         ensemble.read_ensemble(directory)
 
 

@@ -554,3 +554,9 @@ def test_a_weighted_hybrid_whose_seeds_rank_differently_says_both():
     assert "seed 0: a 0.7, b 0.3" in line and "seed 1: a stacked model" in line
     group.runs = group.runs[1:]
     assert "a stacked model fitted on 40" in report._fusion_lines([group], several_datasets=False)[0]
+    # tail slots, where the fit chose them, are named with their alpha; alpha 0 (none chosen) says nothing
+    tailed = {**weights, "tail_slots": {"after": 4, "alpha": 0.5}}
+    group.runs = [seed(0, tailed), seed(1, {**weights, "tail_slots": {"after": 4, "alpha": 0.0}})]
+    line, = report._fusion_lines([group], several_datasets=False)
+    assert "seed 0: a 0.7, b 0.3; places after the first 4 by score x (1 / propensity) ^ 0.5" in line
+    assert "seed 1: a 0.7, b 0.3" in line and line.count("places after") == 1

@@ -69,7 +69,9 @@ FusionOption = typer.Option("sum", "--fusion", help="sum: raw scores summed (the
                                                     "scores, weights chosen on the validation rows (mixed families), "
                                                     "or the stacked model where it scores better there; "
                                                     "stacked: the same scores, ranked by a logistic regression "
-                                                    "fitted on the validation rows")
+                                                    "fitted on the validation rows; both fill the places after "
+                                                    "the first 4 by score over propensity where that scores "
+                                                    "better there (tail slots)")
 
 
 @app.command("run")

@@ -12,9 +12,11 @@ An ensemble directory:
                                (per member), and with weights per bin "bin_weights" (per bin, per member) and
                                "label_bins" (each label's bin), and for stacked the same plus "stacking" (its
                                coefficients, intercept and alpha), "label_depth" and
-                               "label_log_inverse_propensity" (per label)}}: all that `predict` and `evaluate` need.
-                               Schema 1 for sum (as before), 2 for weighted, 3 for weighted with weights per bin, 4
-                               for stacked (an older xmcbench refuses what it cannot fuse right)
+                               "label_log_inverse_propensity" (per label); for both "tail_slots" ("after", and
+                               "alpha", 0 for none; with alpha > 0 also "label_log_inverse_propensity")}}: all that
+                               `predict` and `evaluate` need. Schema 1 for sum (as before), 2 for weighted, 3 for
+                               weighted with weights per bin, 4 for stacked, 5 with tail slots (an older xmcbench
+                               refuses what it cannot fuse right)
     config.json               method "ensemble(m1+m2+...)" (sum), "weighted-ensemble(m1+m2+...)" or
                               "stacked-ensemble(m1+m2+...)" (the --fusion asked for, also where weighted kept
                               its stacked model: schema 4 and "rule" say what ranks), dataset and version,
@@ -60,8 +62,8 @@ from xmcbench.config import TrainConfig
 from xmcbench.errors import DamagedModel, XmcError
 from xmcbench.formats import open_dataset
 from xmcbench.fusion import FITTED_RULES, FUSION_OBJECTIVE, FUSION_RULES, MIN_BIN_POSITIVES, STACKING_MIN_POSITIVES, \
-    WEIGHT_BIN_NAMES, WEIGHT_BINS, Fusion, choose_bin_weights, choose_weights, describe_weights, fit_stacking, fuse, \
-    label_depth, members_alone, normalise, score_quantiles, weight_bin_groups, weight_group_name
+    WEIGHT_BIN_NAMES, WEIGHT_BINS, Fusion, choose_bin_weights, choose_tail_alpha, choose_weights, describe_weights, \
+    fit_stacking, fuse, label_depth, members_alone, normalise, score_quantiles, weight_bin_groups, weight_group_name
 from xmcbench.inference import Predictions
 from xmcbench.labels import load_label_info
 from xmcbench.models import load_model, predict_documents, saved_zero_shot_mask
@@ -73,8 +75,8 @@ from xmcbench.scoring import evaluation_config, filtered_pairs, propensities, re
 from xmcbench.storage import read_json, write_json, written_beside
 
 ENSEMBLE_FILE = "ensemble.json"
-SCHEMA_VERSION = 4   # 1: sum (the only rule before weighted fusion), 2: weighted, 3: weighted with weights per bin,
-#                      4: stacked
+SCHEMA_VERSION = 5   # 1: sum (the only rule before weighted fusion), 2: weighted, 3: weighted with weights per bin,
+#                      4: stacked, 5: tail slots (a fitted rule whose later places go by score over propensity)
 MIN_TOP_K = 5   # the default eval_ks go to @5, and weighted fusion chooses its weights on PSP@5
 
 
@@ -305,8 +307,9 @@ def _validation_predictions(members: list[Member], dataset, top_k: int) -> tuple
 
 
 def fit_fusion(members: list[Member], dataset, top_k: int, rule: str = "weighted") -> Fusion:
-    """The weighted or stacked fusion of these members (`rule`), fitted on their shared validation rows (module
-    docstring). A stacked one that cannot be fitted ends in one line saying why."""
+    """The weighted or stacked fusion of these members (`rule`), fitted on their shared validation rows, then its
+    tail slots (xmcbench.fusion.choose_tail_alpha; module docstring). A stacked one that cannot be fitted ends in
+    one line saying why."""
     labels, scores, rows = _validation_predictions(members, dataset, top_k)
     quantiles = [score_quantiles(member_labels, member_scores, top_k)
                  for member_labels, member_scores in zip(labels, scores)]
@@ -317,6 +320,24 @@ def fit_fusion(members: list[Member], dataset, top_k: int, rule: str = "weighted
     names = vocabulary(members)
     truth = remap_labels(dataset.train_labels[rows], dataset.label_names, names)
     inv_propensity = propensities(dataset, scoring_config(members), names).inverse
+    fusion = _fit_rule(members, rule, labels, scores, rows, quantiles, names, truth, inv_propensity, top_k)
+    sizes = [len(member.label_names) for member in members]
+    fused = fuse(labels, scores, top_k, fusion, sizes)          # the validation rows, before tail slots
+    alpha, record = choose_tail_alpha(fused, [member_labels[:, :top_k] for member_labels in labels], truth,
+                                      inv_propensity, log_scores=fusion.stacking is not None)
+    fusion.record["tail_slots_chosen"] = record
+    if alpha > 0:
+        fusion.record["validation_before_tail_slots"] = fusion.record["validation"]
+        fusion.record["validation"] = next({key: found[key] for key in ("P@1", "PSP@5", "objective")}
+                                           for found in record["alphas_tried"] if found["alpha"] == alpha)
+        fusion.tail_alpha = alpha
+        fusion.label_log_inverse_propensity = np.log(inv_propensity[:len(names)])
+    return fusion
+
+
+def _fit_rule(members: list[Member], rule: str, labels: list, scores: list, rows: np.ndarray, quantiles: list,
+              names: list[str], truth, inv_propensity: np.ndarray, top_k: int) -> Fusion:
+    """fit_fusion's weights, weights per bin or stacked model, before tail slots."""
     top_lists = [member_labels[:, :top_k] for member_labels in labels]
     normalised = [normalise(member_scores[:, :top_k], q) for member_scores, q in zip(scores, quantiles)]
     sizes = [len(member.label_names) for member in members]
@@ -470,6 +491,9 @@ def build_ensemble(run_dirs: Sequence[Path], output: Path | None = None, top_k: 
                            "another member was not")
         rule = fit_fusion(members, dataset, top_k, fusion)
         chosen = describe_weights(rule) if rule.stacking is not None else f"weights {describe_weights(rule)}"
+        if rule.tail_alpha > 0:
+            chosen += (f"; places after the first {rule.tail_after} by score x (1 / propensity) ^ "
+                       f"{rule.tail_alpha:g}")
         log(f"{fusion} fusion: {chosen}, chosen on {rule.record['validation_documents']} validation documents "
             f"({FUSION_OBJECTIVE}: {rule.record['validation']['objective']:+.2f})")
     else:
@@ -506,8 +530,9 @@ def _write_ensemble(output: Path, members: list[Member], refs: list[str], top_k:
     first = members[0]
     # schema 1 for sum, which every xmcbench reads right; 2 makes one that predates weighted fusion refuse it, 3 one
     # that predates weights per bin (it would fuse with the one weight per member and say nothing), 4 one that
-    # predates the stacked rule
-    schema = 1 if rule.rule == "sum" else 4 if rule.rule == "stacked" else 2 if rule.bin_weights is None else 3
+    # predates the stacked rule, 5 one that predates tail slots
+    schema = 1 if rule.rule == "sum" else 5 if rule.tail_alpha > 0 else 4 if rule.rule == "stacked" \
+        else 2 if rule.bin_weights is None else 3
     write_json(output / ENSEMBLE_FILE, {"schema": schema, "members": refs, "top_k": top_k,
                                         "label_names_sha256": sha, "fusion": rule.to_json()})
     write_json(output / "config.json", {

@@ -38,6 +38,13 @@ scores (ties: lower id first).
   and why not. Not for members whose vocabularies differ (the weights keep a zero-shot label its score; the
   stacked model cannot learn such labels on validation rows), nor where it cannot be fitted (too few relevant
   validation labels).
+  Tail slots: last, for either fitted rule, the fused ranking's first TAIL_SLOTS_AFTER places keep its order and
+  the later ones hold the rest of its top-k by score x (1 / propensity) ** alpha (tail_slots), alpha in TAIL_ALPHAS
+  chosen on the same rows by FUSION_OBJECTIVE (ties: the smaller; 0 is no tail slots) among the alphas that keep
+  the fusion's validation P@5 at least at the lower of its own without tail slots and its best member's
+  (choose_tail_alpha). P@1 and P@3 stay the fusion's; a rare label that the fusion holds just below the top 5
+  can take the fifth place, which is where a label seen once or twice scores in PSP@5. The record's
+  "tail_slots_chosen" lists every alpha's validation figures.
 - `stacked`: the same normalisation, then a logistic regression (STACKING_C) fitted on the same validation rows,
   over every label in some member's top-k of each row: whether it is relevant, from each member's normalised score
   of it (0 outside that member's top-k) and whether it is in that member's top-k, both also times the label's depth
@@ -89,6 +96,12 @@ STACKING_C = 1.0                                 # scikit-learn's C: the inverse
 STACKING_ALPHAS = tuple(step / 10 for step in range(11))
 STACKING_MIN_POSITIVES = 2 * MIN_BIN_POSITIVES   # validation positives among the candidates a fit needs
 STACKING_BLOCK_ELEMENTS = 1 << 24                # bounds the memory of ranking many documents at --top-k 100
+# Tail slots: a fitted fusion's first TAIL_SLOTS_AFTER places keep its order, the later ones go by score over
+# propensity ** alpha, alpha in TAIL_ALPHAS chosen on the validation rows (0: no tail slots). 4 of 5 places: P@1 and
+# P@3 stay the fusion's, and a rare label can take the fifth place (a rule fixed before the full debian-debtags'
+# seed 2 pair was trained; BENCHMARKS.md section 11).
+TAIL_SLOTS_AFTER = 4
+TAIL_ALPHAS = (0.0, 0.5, 1.0, 2.0)
 
 
 def combine(labels: Sequence[np.ndarray], scores: Sequence[np.ndarray], top_k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -140,7 +153,9 @@ class Fusion:
     same, plus stacking ({"coefficients": (4M + 2,) floats in the order of stacking_feature_names, "intercept",
     "alpha"}), which ranks the labels instead of the weights (stacked_ranking; the weights are kept as what
     "weighted" would have chosen); label_depth: (L,) log10(1 + each label's training documents),
-    label_log_inverse_propensity: (L,) log(1 / propensity)."""
+    label_log_inverse_propensity: (L,) log(1 / propensity), kept for a stacked model and for tail slots.
+    tail_alpha > 0 (the fitted rules): the places after the first tail_after go by score over propensity **
+    tail_alpha (tail_slots)."""
 
     rule: str = "sum"
     weights: list[float] | None = None
@@ -151,6 +166,8 @@ class Fusion:
     stacking: dict | None = None
     label_depth: np.ndarray | None = None
     label_log_inverse_propensity: np.ndarray | None = None
+    tail_alpha: float = 0.0
+    tail_after: int = TAIL_SLOTS_AFTER
 
     def weight_table(self) -> np.ndarray:
         """(M, B) the weight of each member in each bin; B = 1 without bin weights."""
@@ -165,7 +182,7 @@ class Fusion:
         bins = {} if self.bin_weights is None else {"bin_weights": self.bin_weights}
         stacking = {} if self.stacking is None else {"stacking": self.stacking}
         return {"rule": self.rule, "normalisation": "validation-quantiles", "weights": self.weights, **bins,
-                **stacking, **self.record}
+                **stacking, "tail_slots": {"after": self.tail_after, "alpha": self.tail_alpha}, **self.record}
 
     def to_json(self) -> dict:
         """The fusion as ensemble.json keeps it: the summary, plus the quantiles (and the label bins, or the
@@ -173,9 +190,10 @@ class Fusion:
         if self.rule == "sum":
             return self.summary()
         bins = {} if self.label_bins is None else {"label_bins": [int(b) for b in self.label_bins]}
-        labels = {} if self.stacking is None else {
-            "label_depth": [float(value) for value in self.label_depth],
+        depth = {} if self.stacking is None else {"label_depth": [float(value) for value in self.label_depth]}
+        propensity = {} if self.label_log_inverse_propensity is None else {
             "label_log_inverse_propensity": [float(value) for value in self.label_log_inverse_propensity]}
+        labels = {**depth, **propensity}
         return {**self.summary(), "quantiles": [[float(value) for value in q] for q in self.quantiles], **bins,
                 **labels}
 
@@ -217,29 +235,42 @@ class Fusion:
                 raise DamagedModel(damaged)
         stacking, depth, log_inverse = (spec.get(key) for key in
                                         ("stacking", "label_depth", "label_log_inverse_propensity"))
-        if (stacking is None) != (depth is None) or (stacking is None) != (log_inverse is None) \
+        tail = spec.get("tail_slots", {"after": TAIL_SLOTS_AFTER, "alpha": 0.0})   # absent: built before them
+        try:
+            tail_after, tail_alpha = int(tail["after"]), float(tail["alpha"])
+        except (TypeError, ValueError, KeyError):
+            raise DamagedModel(damaged) from None
+        if tail_after < 1 or not math.isfinite(tail_alpha) or tail_alpha < 0 \
+                or (stacking is None) != (depth is None) \
+                or (log_inverse is None) != (stacking is None and tail_alpha == 0) \
                 or (stacking is None) != (spec["rule"] == "weighted"):
             raise DamagedModel(damaged)
+        if log_inverse is not None:
+            try:
+                log_inverse = np.asarray(log_inverse, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise DamagedModel(damaged) from None
+            if log_inverse.ndim != 1 or log_inverse.size == 0 or not np.all(np.isfinite(log_inverse)):
+                raise DamagedModel(damaged)
         if stacking is not None:
             try:
                 coefficients = [float(value) for value in stacking["coefficients"]]
                 stacking = {**stacking, "coefficients": coefficients, "intercept": float(stacking["intercept"]),
                             "alpha": float(stacking["alpha"])}
                 depth = np.asarray(depth, dtype=np.float64)
-                log_inverse = np.asarray(log_inverse, dtype=np.float64)
             except (TypeError, ValueError, KeyError):
                 raise DamagedModel(damaged) from None
             if len(coefficients) != len(stacking_feature_names(num_members)) or depth.ndim != 1 or depth.size == 0 \
                     or log_inverse.shape != depth.shape \
                     or not all(math.isfinite(value) for value in (*coefficients, stacking["intercept"],
                                                                    stacking["alpha"])) \
-                    or not np.all(np.isfinite(depth)) or not np.all(np.isfinite(log_inverse)):
+                    or not np.all(np.isfinite(depth)):
                 raise DamagedModel(damaged)
         record = {key: value for key, value in spec.items()
                   if key not in ("rule", "normalisation", "weights", "quantiles", "bin_weights", "label_bins",
-                                 "stacking", "label_depth", "label_log_inverse_propensity")}
+                                 "stacking", "label_depth", "label_log_inverse_propensity", "tail_slots")}
         return Fusion(spec["rule"], weights, quantiles, record, bin_weights, label_bins, stacking, depth,
-                      log_inverse)
+                      log_inverse, tail_alpha, tail_after)
 
 
 def _valid_weights(weights: list[float]) -> bool:
@@ -276,14 +307,43 @@ def fuse(labels: Sequence[np.ndarray], scores: Sequence[np.ndarray], top_k: int,
     if fusion.stacking is not None:
         normalised = [normalise(np.asarray(member_scores)[:, :top_k], quantiles)
                       for member_scores, quantiles in zip(scores, fusion.quantiles)]
-        return stacked_ranking([np.asarray(member_labels)[:, :top_k] for member_labels in labels], normalised,
-                               fusion.stacking, fusion.label_depth, fusion.label_log_inverse_propensity, top_k)
-    table = fusion.weight_table()
-    # a member of weight 0 (in every bin) is left out before its scores are normalised
-    normalised = [normalise(np.asarray(member_scores)[:, :top_k], quantiles) if weights.max() > 0 else None
-                  for member_scores, quantiles, weights in zip(scores, fusion.quantiles, table)]
-    return weighted_fusion([np.asarray(member_labels)[:, :top_k] for member_labels in labels], normalised,
-                           table, sizes, top_k, fusion.label_bins)
+        fused = stacked_ranking([np.asarray(member_labels)[:, :top_k] for member_labels in labels], normalised,
+                                fusion.stacking, fusion.label_depth, fusion.label_log_inverse_propensity, top_k)
+    else:
+        table = fusion.weight_table()
+        # a member of weight 0 (in every bin) is left out before its scores are normalised
+        normalised = [normalise(np.asarray(member_scores)[:, :top_k], quantiles) if weights.max() > 0 else None
+                      for member_scores, quantiles, weights in zip(scores, fusion.quantiles, table)]
+        fused = weighted_fusion([np.asarray(member_labels)[:, :top_k] for member_labels in labels], normalised,
+                                table, sizes, top_k, fusion.label_bins)
+    if fusion.tail_alpha == 0:
+        return fused
+    return tail_slots(*fused, fusion.label_log_inverse_propensity, fusion.tail_after, fusion.tail_alpha,
+                      log_scores=fusion.stacking is not None)
+
+
+def tail_slots(labels: np.ndarray, scores: np.ndarray, label_log_inverse_propensity: np.ndarray, after: int,
+               alpha: float, log_scores: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A ranking's (N, k) top lists, best first (-1: empty, at the end) -> the same labels with the first `after`
+    places as they are and the later places holding the rest of each row by score x (1 / propensity) ** alpha
+    (score + alpha x log(1 / propensity) where log_scores: a stacked model ranks by log-odds).
+
+    Ranking by the probability of relevance maximises expected P@k, by that probability over propensity
+    expected PSP@k (Jain et al. 2016): the first places stay the ranking's, and a rare label the ranking holds
+    lower can take a later one. Only labels already in a row's top k move. The scores stay those of the places
+    (a row's scores still descend, and a threshold keeps as many places as before). label_log_inverse_propensity:
+    (L,) log(1 / p_l) of the labels the ids index."""
+    labels = np.asarray(labels)
+    if alpha == 0 or labels.shape[1] <= after:
+        return labels, scores
+    present = labels >= 0
+    boost = alpha * np.asarray(label_log_inverse_propensity)[np.where(present, labels, 0)]      # (N, k)
+    values = np.asarray(scores, dtype=np.float64)
+    values = values + boost if log_scores else values * np.exp(boost)
+    values = np.where(present, values, -np.inf)
+    values[:, :after] = np.inf      # the first places keep their order: the sort below is stable
+    order = np.argsort(-values, axis=1, kind="stable")
+    return np.take_along_axis(labels, order, axis=1), scores
 
 
 def weighted_fusion(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray | None], weights,
@@ -356,6 +416,35 @@ def objective(metrics: dict, alone: Sequence[dict]) -> float:
     """FUSION_OBJECTIVE, in points: the smallest of the fusion's leads over each member alone (members_alone) in
     P@1 and in PSP@5; negative where some member is ahead in one of them."""
     return min(min(metrics["P@1"] - member["P@1"], metrics["PSP@5"] - member["PSP@5"]) for member in alone)
+
+
+def choose_tail_alpha(fused: tuple[np.ndarray, np.ndarray], labels: Sequence[np.ndarray], truth,
+                      inv_propensity: np.ndarray, log_scores: bool) -> tuple[float, dict]:
+    """The tail slots' alpha (TAIL_ALPHAS) for a fitted fusion: the one whose validation ranking scores best on
+    FUSION_OBJECTIVE (ties: the smaller) among those that keep the fusion's P@5 at least at the lower of its own
+    P@5 without tail slots and its best member's: the places after TAIL_SLOTS_AFTER may trade P@5 for PSP@5 only
+    while the fusion still ranks as well as every member there.
+
+    fused: the fusion's (V, k) validation labels and scores (fuse, without tail slots); labels[m]: member m's (V, k)
+    validation labels; truth: (V, L_total); inv_propensity: (L_total,). Returns (alpha, a record of every alpha's
+    validation P@1 / P@5 / PSP@5 / objective and the P@5 floor)."""
+    alone = members_alone(labels, truth, inv_propensity)
+    members_p5 = [evaluate(member_labels, truth, ks=(5,))["P@5"] for member_labels in labels]
+    log_inverse = np.log(inv_propensity)
+    tried, floor = [], None
+    best_alpha, best_value = 0.0, -math.inf
+    for alpha in TAIL_ALPHAS:
+        ranked, _ = tail_slots(*fused, log_inverse, TAIL_SLOTS_AFTER, alpha, log_scores)
+        metrics = evaluate(ranked, truth, ks=(1, 5), inv_propensity=inv_propensity)
+        value = objective(metrics, alone)
+        if floor is None:     # alpha 0 comes first: the fusion as it ranks without tail slots
+            floor = min(metrics["P@5"], max(members_p5))
+        allowed = metrics["P@5"] >= floor - 1e-9
+        tried.append({"alpha": alpha, "P@1": metrics["P@1"], "P@5": metrics["P@5"], "PSP@5": metrics["PSP@5"],
+                      "objective": value, "P@5_floor_kept": bool(allowed)})
+        if allowed and value > best_value + 1e-9:
+            best_alpha, best_value = alpha, value
+    return best_alpha, {"after": TAIL_SLOTS_AFTER, "alpha": best_alpha, "P@5_floor": floor, "alphas_tried": tried}
 
 
 def weight_bin_groups(positives: Sequence[int]) -> list[list[int]]:

@@ -1120,6 +1120,11 @@ def _fusion_lines(groups: list[_Group], several_datasets: bool) -> list[str]:
             elif isinstance(bin_weights, list) and isinstance(bins, list) and len(bins) == len(bin_weights):
                 weights = "per bin of training documents, " + "; ".join(
                     f"{markdown_text(name)}: {listed(row)}" for name, row in shared_bin_weights(bins, bin_weights))
+            tail = fusion.get("tail_slots")
+            if isinstance(tail, dict) and _is_number(tail.get("alpha")) and tail["alpha"] > 0 \
+                    and _is_number(tail.get("after")):
+                weights += (f"; places after the first {tail['after']:g} by score x (1 / propensity) ^ "
+                            f"{tail['alpha']:g}")
             chosen = fusion.get("validation") or {}
             alone = fusion.get("validation_members_alone") or []
             shown = [chosen, *alone]

@@ -1,0 +1,102 @@
+"""Tail slots of a fitted fusion: the first places keep the fusion's order, the later ones go by score over
+propensity, and the alpha is chosen on the validation rows without letting P@5 fall below the members'."""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse
+
+from xmcbench import fusion as fusion_rules
+from xmcbench.errors import DamagedModel
+
+AFTER = fusion_rules.TAIL_SLOTS_AFTER
+
+
+def test_tail_slots_keep_the_first_places_and_rank_the_rest_by_score_over_propensity():
+    labels = np.array([[0, 1, 2, 3, 4, 5, 6, -1]])
+    scores = np.array([[0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, -np.inf]])
+    log_inverse = np.zeros(7)
+    log_inverse[[1, 6]] = 3.0     # labels 1 and 6 are rare; 1 is among the first places, 6 is not
+    ranked, kept_scores = fusion_rules.tail_slots(labels, scores, log_inverse, AFTER, 1.0, log_scores=False)
+    assert ranked[0, :AFTER].tolist() == [0, 1, 2, 3], "the first places keep the fusion's order"
+    # 0.3 x e^3 beats 0.5 and 0.4: label 6 takes the first tail place; the empty slot stays last
+    assert ranked[0, AFTER:].tolist() == [6, 4, 5, -1]
+    assert kept_scores is scores, "the places keep their scores, so a row's scores still descend"
+
+    # a stacked model's log-odds are shifted, not multiplied: -2 + 3 beats -1.5
+    logits = np.array([[3.0, 2.0, 1.0, 0.0, -1.5, -1.8, -2.0, -np.inf]])
+    ranked, _ = fusion_rules.tail_slots(labels, logits, log_inverse, AFTER, 1.0, log_scores=True)
+    assert ranked[0, AFTER:].tolist() == [6, 4, 5, -1]
+    ranked, _ = fusion_rules.tail_slots(labels, logits, log_inverse, AFTER, 0.05, log_scores=True)
+    assert ranked[0].tolist() == labels[0].tolist(), "a small alpha does not lift -2 + 0.15 over -1.8"
+    # alpha 0 is the fusion's own ranking
+    assert fusion_rules.tail_slots(labels, scores, log_inverse, AFTER, 0.0, False)[0] is labels
+
+
+def rare_label_sixth(num_docs, rare_relevant=True):
+    """Fused validation lists [0, 1, 2, 3, 4, rare, 5...]: label 0 always relevant, the rare label 20 (inverse
+    propensity e^2) relevant where rare_relevant, else label 4 is."""
+    labels = np.tile(np.array([0, 1, 2, 3, 4, 20, 5, 6, 7, 8]), (num_docs, 1))
+    scores = np.tile(np.linspace(1.0, 0.1, 10), (num_docs, 1))
+    second = 20 if rare_relevant else 4
+    rows = np.repeat(np.arange(num_docs), 2)
+    columns = np.tile([0, second], num_docs)
+    truth = scipy.sparse.csr_matrix((np.ones(2 * num_docs), (rows, columns)), shape=(num_docs, 30))
+    return labels, scores, truth
+
+
+def test_the_alpha_that_lifts_rare_relevant_labels_is_chosen_and_ties_go_to_the_smaller():
+    labels, scores, truth = rare_label_sixth(10)
+    inverse = np.ones(30)
+    inverse[20] = math.e ** 2
+    member = labels.copy()
+    member[:, 0] = 9          # a member that misses every first label: the fusion leads it in P@1
+    alpha, record = fusion_rules.choose_tail_alpha((labels, scores), [member], truth, inverse, log_scores=False)
+    assert alpha == 0.5, "every alpha above 0 brings label 20 into the fifth place; the tie goes to the smallest"
+    tried = {found["alpha"]: found for found in record["alphas_tried"]}
+    assert tried[0.5]["PSP@5"] > tried[0.0]["PSP@5"] and tried[0.5]["P@1"] == tried[0.0]["P@1"] == 100.0
+    assert record["after"] == AFTER and record["alpha"] == alpha and all(f["P@5_floor_kept"] for f in tried.values())
+
+
+def test_no_alpha_may_bring_p5_below_the_members():
+    # one document where the rare label is relevant, three where the fifth label it would push out is
+    lifted = rare_label_sixth(1)
+    pushed = rare_label_sixth(3, rare_relevant=False)
+    labels = np.concatenate([lifted[0], pushed[0]])
+    scores = np.concatenate([lifted[1], pushed[1]])
+    truth = scipy.sparse.vstack([lifted[2], pushed[2]]).tocsr()
+    inverse = np.ones(30)
+    inverse[20] = 50.0        # PSP@5 gains from the one document more than it loses on the three
+    member = labels.copy()
+    member[:, [0, 3]] = member[:, [3, 0]]    # the member's top 5 holds the same labels, its first one wrong
+    alpha, record = fusion_rules.choose_tail_alpha((labels, scores), [member], truth, inverse, log_scores=False)
+    tried = {found["alpha"]: found for found in record["alphas_tried"]}
+    assert tried[1.0]["PSP@5"] > tried[0.0]["PSP@5"] and tried[1.0]["P@5"] < tried[0.0]["P@5"]
+    assert alpha == 0.0 and not tried[1.0]["P@5_floor_kept"] and record["P@5_floor"] == tried[0.0]["P@5"]
+
+
+def test_tail_slots_survive_ensemble_json_and_old_ensembles_have_none(tmp_path):
+    quantiles = [np.linspace(0, 1, 5), np.linspace(0, 1, 5)]
+    log_inverse = np.zeros(6)
+    log_inverse[5] = np.log(40.0)      # label 5 is rare
+    fitted = fusion_rules.Fusion("weighted", [0.5, 0.5], quantiles, {}, label_log_inverse_propensity=log_inverse,
+                                 tail_alpha=1.0)
+    spec = fitted.to_json()
+    assert spec["tail_slots"] == {"after": AFTER, "alpha": 1.0}
+    read = fusion_rules.Fusion.from_json(spec, 2, tmp_path / "ensemble.json")
+    assert read.tail_alpha == 1.0 and read.tail_after == AFTER
+    np.testing.assert_allclose(read.label_log_inverse_propensity, log_inverse)
+    member_labels = [np.array([[0, 1, 2, 3, 4, 5]])] * 2
+    member_scores = [np.array([[0.95, 0.9, 0.8, 0.7, 0.6, 0.5]])] * 2
+    without = fusion_rules.Fusion("weighted", [0.5, 0.5], quantiles, {})
+    assert fusion_rules.fuse(member_labels, member_scores, 6, without)[0].tolist() == [[0, 1, 2, 3, 4, 5]]
+    assert fusion_rules.fuse(member_labels, member_scores, 6, read)[0].tolist() == [[0, 1, 2, 3, 5, 4]]
+
+    older = {key: value for key, value in spec.items() if key not in ("tail_slots", "label_log_inverse_propensity")}
+    assert fusion_rules.Fusion.from_json(older, 2, tmp_path / "ensemble.json").tail_alpha == 0.0
+    without_propensities = {key: value for key, value in spec.items() if key != "label_log_inverse_propensity"}
+    with pytest.raises(DamagedModel, match="damaged"):
+        fusion_rules.Fusion.from_json(without_propensities, 2, tmp_path / "ensemble.json")
+    with pytest.raises(DamagedModel, match="damaged"):
+        fusion_rules.Fusion.from_json({**spec, "tail_slots": {"after": 0, "alpha": 1.0}}, 2, tmp_path / "e.json")
