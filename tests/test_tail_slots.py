@@ -59,6 +59,24 @@ def test_the_alpha_that_lifts_rare_relevant_labels_is_chosen_and_ties_go_to_the_
     assert record["after"] == AFTER and record["alpha"] == alpha and all(f["P@5_floor_kept"] for f in tried.values())
 
 
+def test_where_p1_decides_the_objective_the_psp5_lead_chooses_the_alpha():
+    # the member ranks exactly as the fusion does, so the P@1 lead is 0 whatever the alpha; the relevant rare label
+    # 21 sits eighth (score 0.3), an irrelevant one, 20, sixth (0.5): alpha 0.5 lifts only 20 to the fifth place
+    # (0.3 e < 0.5 e^0.5), alpha 1 lifts 21 (0.3 e^2 > 0.5 e)
+    num_docs = 10
+    labels = np.tile(np.array([0, 1, 2, 3, 4, 20, 5, 21, 6, 7]), (num_docs, 1))
+    scores = np.tile(np.linspace(1.0, 0.1, 10), (num_docs, 1))
+    truth = scipy.sparse.csr_matrix((np.ones(2 * num_docs), (np.repeat(np.arange(num_docs), 2),
+                                                             np.tile([0, 21], num_docs))), shape=(num_docs, 30))
+    inverse = np.ones(30)
+    inverse[20], inverse[21] = math.e, math.e ** 2
+    alpha, record = fusion_rules.choose_tail_alpha((labels, scores), [labels], truth, inverse, log_scores=False)
+    tried = {found["alpha"]: found for found in record["alphas_tried"]}
+    assert all(found["objective"] == 0.0 for found in tried.values()), "P@1's lead, 0, is the smaller every time"
+    assert tried[0.5]["PSP@5"] == tried[0.0]["PSP@5"] < tried[1.0]["PSP@5"] == tried[2.0]["PSP@5"]
+    assert alpha == 1.0, "the larger PSP@5 lead decides, and of the alphas that tie on it the smaller"
+
+
 def test_no_alpha_may_bring_p5_below_the_members():
     # one document where the rare label is relevant, three where the fifth label it would push out is
     lifted = rare_label_sixth(1)

@@ -40,9 +40,9 @@ scores (ties: lower id first).
   validation labels).
   Tail slots: last, for either fitted rule, the fused ranking's first TAIL_SLOTS_AFTER places keep its order and
   the later ones hold the rest of its top-k by score x (1 / propensity) ** alpha (tail_slots), alpha in TAIL_ALPHAS
-  chosen on the same rows by FUSION_OBJECTIVE (ties: the smaller; 0 is no tail slots) among the alphas that keep
-  the fusion's validation P@5 at least at the lower of its own without tail slots and its best member's
-  (choose_tail_alpha). P@1 and P@3 stay the fusion's; a rare label that the fusion holds just below the top 5
+  chosen on the same rows by FUSION_OBJECTIVE, then by the other of its two leads (ties: the smaller; 0 is no tail
+  slots), among the alphas that keep the fusion's validation P@5 at least at the lower of its own without tail
+  slots and its best member's (choose_tail_alpha). P@1 and P@3 stay the fusion's; a rare label that the fusion holds just below the top 5
   can take the fifth place, which is where a label seen once or twice scores in PSP@5. The record's
   "tail_slots_chosen" lists every alpha's validation figures.
 - `stacked`: the same normalisation, then a logistic regression (STACKING_C) fitted on the same validation rows,
@@ -421,9 +421,10 @@ def objective(metrics: dict, alone: Sequence[dict]) -> float:
 def choose_tail_alpha(fused: tuple[np.ndarray, np.ndarray], labels: Sequence[np.ndarray], truth,
                       inv_propensity: np.ndarray, log_scores: bool) -> tuple[float, dict]:
     """The tail slots' alpha (TAIL_ALPHAS) for a fitted fusion: the one whose validation ranking scores best on
-    FUSION_OBJECTIVE (ties: the smaller) among those that keep the fusion's P@5 at least at the lower of its own
-    P@5 without tail slots and its best member's: the places after TAIL_SLOTS_AFTER may trade P@5 for PSP@5 only
-    while the fusion still ranks as well as every member there.
+    FUSION_OBJECTIVE, then on its other lead (tail slots leave P@1 as it is, so where P@1's lead is the smaller the
+    objective ties and PSP@5's lead decides; full ties: the smaller alpha), among those that keep the fusion's P@5
+    at least at the lower of its own P@5 without tail slots and its best member's: the places after
+    TAIL_SLOTS_AFTER may trade P@5 for PSP@5 only while the fusion still ranks as well as every member there.
 
     fused: the fusion's (V, k) validation labels and scores (fuse, without tail slots); labels[m]: member m's (V, k)
     validation labels; truth: (V, L_total); inv_propensity: (L_total,). Returns (alpha, a record of every alpha's
@@ -432,18 +433,19 @@ def choose_tail_alpha(fused: tuple[np.ndarray, np.ndarray], labels: Sequence[np.
     members_p5 = [evaluate(member_labels, truth, ks=(5,))["P@5"] for member_labels in labels]
     log_inverse = np.log(inv_propensity)
     tried, floor = [], None
-    best_alpha, best_value = 0.0, -math.inf
+    best_alpha, best = 0.0, (-math.inf, -math.inf)
     for alpha in TAIL_ALPHAS:
         ranked, _ = tail_slots(*fused, log_inverse, TAIL_SLOTS_AFTER, alpha, log_scores)
         metrics = evaluate(ranked, truth, ks=(1, 5), inv_propensity=inv_propensity)
-        value = objective(metrics, alone)
+        leads = [min(metrics[key] - member[key] for member in alone) for key in ("P@1", "PSP@5")]
+        value = (min(leads), max(leads))      # FUSION_OBJECTIVE, then the other lead
         if floor is None:     # alpha 0 comes first: the fusion as it ranks without tail slots
             floor = min(metrics["P@5"], max(members_p5))
         allowed = metrics["P@5"] >= floor - 1e-9
         tried.append({"alpha": alpha, "P@1": metrics["P@1"], "P@5": metrics["P@5"], "PSP@5": metrics["PSP@5"],
-                      "objective": value, "P@5_floor_kept": bool(allowed)})
-        if allowed and value > best_value + 1e-9:
-            best_alpha, best_value = alpha, value
+                      "objective": value[0], "P@5_floor_kept": bool(allowed)})
+        if allowed and (value[0] > best[0] + 1e-9 or (value[0] > best[0] - 1e-9 and value[1] > best[1] + 1e-9)):
+            best_alpha, best = alpha, value
     return best_alpha, {"after": TAIL_SLOTS_AFTER, "alpha": best_alpha, "P@5_floor": floor, "alphas_tried": tried}
 
 
