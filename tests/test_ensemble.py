@@ -685,6 +685,31 @@ def test_a_stacked_ensemble_round_trip(hybrid, tmp_path, monkeypatch):
 
 
 @slow
+def test_an_ensemble_with_tail_slots_round_trip(hybrid, tmp_path, monkeypatch):
+    # the tiny runs' validation rows need not favour tail slots: offer alpha 1 alone, so the fit takes it
+    members, registry = hybrid["members"], hybrid["registry"]
+    monkeypatch.setattr(fusion_rules, "TAIL_ALPHAS", (1.0,))
+    directory = ensemble.build_ensemble(members, tmp_path / "ens", fusion="weighted", registry=registry,
+                                        log=lambda line: None)
+    spec = json.loads((directory / "ensemble.json").read_text())
+    fusion = spec["fusion"]
+    assert spec["schema"] == 5 and fusion["tail_slots"] == {"after": fusion_rules.TAIL_SLOTS_AFTER, "alpha": 1.0}
+    assert len(fusion["label_log_inverse_propensity"]) == \
+        len(json.loads((members[0] / "model" / "labels.json").read_text()))
+    assert fusion["validation_before_tail_slots"].keys() == fusion["validation"].keys()
+    read = ensemble.read_ensemble(directory).fusion
+    assert read.tail_alpha == 1.0 and read.tail_after == fusion_rules.TAIL_SLOTS_AFTER
+    assert_saved_ranking_is_served(directory, hybrid)
+    saved = load_file(str(directory / "predictions.safetensors"))
+    scores = np.where(saved["labels"] >= 0, saved["scores"], np.finfo(np.float32).min)
+    assert np.all(np.diff(scores, axis=1) <= 0), "the places keep descending scores"
+    # an xmcbench that predates tail slots refuses the ensemble instead of ranking it without them
+    monkeypatch.setattr(ensemble, "SCHEMA_VERSION", 4)
+    with pytest.raises(XmcError, match="schema 5 but this xmcbench reads 4"):
+        ensemble.read_ensemble(directory)
+
+
+@slow
 def test_weighted_fusion_chooses_weights_on_validation_and_ignores_scale(hybrid, tmp_path):
     from safetensors.numpy import save_file
 
