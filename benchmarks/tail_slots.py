@@ -13,9 +13,10 @@ score, in its order; the slots after them by score x (1 / p_l) ** alpha over the
 run's own ranking and reproduces its metrics.json. Only labels already in the saved top-K can move up, so a label
 the run ranked below K stays out.
 
-Scores: a run whose saved scores are all at least 0 (LightXML's sigmoid products, tree probabilities, a weighted
-ensemble's fused quantiles) is multiplied by (1 / p_l) ** alpha; one with negative scores (a stacked ensemble ranks
-by log-odds + alpha_s x log(1 / p_l)) gets alpha x log(1 / p_l) added, the same change in log space. p_l is the
+Scores: a run's scores (LightXML's sigmoid products, tree probabilities, a weighted ensemble's fused normalised
+scores) are multiplied by (1 / p_l) ** alpha; an ensemble that ranks with a stacked model (its ensemble.json holds
+"stacking"; it ranks by log-odds + alpha_s x log(1 / p_l)) gets alpha x log(1 / p_l) added, the same change in log
+space, as `--fusion weighted` does. p_l is the
 propensity every score uses (xmcbench.scoring.propensities: the dataset's A and B, counts from every training
 document). RUN_DIR may be a run or an ensemble folder.
 
@@ -66,11 +67,12 @@ def main() -> None:
         truth = remap_labels(dataset.test_labels, dataset.label_names, names)
         saved = read_predictions(run / "predictions.safetensors", len(names), "rerun the run",
                                  documents=truth.shape[0])
+        spec = run / "ensemble.json"
+        log_scores = spec.exists() and "stacking" in json.loads(spec.read_text()).get("fusion", {})
         for keep in args.keep:
             for alpha in args.alpha:
-                scores = saved.scores.astype(np.float64)
-                log_scores = bool((scores[saved.labels >= 0] < 0).any())
-                ranked, _ = tail_slots(saved.labels, scores, np.log(weights.inverse), keep, alpha, log_scores)
+                ranked, _ = tail_slots(saved.labels, saved.scores.astype(np.float64), np.log(weights.inverse), keep,
+                                       alpha, log_scores)
                 m = evaluate(ranked, truth, ks=(1, 3, 5), inv_propensity=weights.inverse,
                              label_counts=weights.label_counts)
                 print(f"| {run.name} | {keep} | {alpha:g} | {m['P@1']:.2f} | {m['P@3']:.2f} | {m['P@5']:.2f} | "

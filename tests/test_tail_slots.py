@@ -35,8 +35,8 @@ def test_tail_slots_keep_the_first_places_and_rank_the_rest_by_score_over_propen
 
 
 def rare_label_sixth(num_docs, rare_relevant=True):
-    """Fused validation lists [0, 1, 2, 3, 4, rare, 5...]: label 0 always relevant, the rare label 20 (inverse
-    propensity e^2) relevant where rare_relevant, else label 4 is."""
+    """Fused validation lists [0, 1, 2, 3, 4, 20, 5, ...] with descending scores: label 0 always relevant, label 20
+    (which the tests make rare) where rare_relevant, else label 4."""
     labels = np.tile(np.array([0, 1, 2, 3, 4, 20, 5, 6, 7, 8]), (num_docs, 1))
     scores = np.tile(np.linspace(1.0, 0.1, 10), (num_docs, 1))
     second = 20 if rare_relevant else 4

@@ -42,9 +42,9 @@ scores (ties: lower id first).
   the later ones hold the rest of its top-k by score x (1 / propensity) ** alpha (tail_slots), alpha in TAIL_ALPHAS
   chosen on the same rows by FUSION_OBJECTIVE, then by the other of its two leads (ties: the smaller; 0 is no tail
   slots), among the alphas that keep the fusion's validation P@5 at least at the lower of its own without tail
-  slots and its best member's (choose_tail_alpha). P@1 and P@3 stay the fusion's; a rare label that the fusion holds just below the top 5
-  can take the fifth place, which is where a label seen once or twice scores in PSP@5. The record's
-  "tail_slots_chosen" lists every alpha's validation figures.
+  slots and its best member's (choose_tail_alpha). P@1 and P@3 stay the fusion's; a rare label that the fusion
+  holds just below the top 5 can take the fifth place, which is where a label seen once or twice scores in PSP@5.
+  The record's "tail_slots_chosen" lists every alpha's validation figures.
 - `stacked`: the same normalisation, then a logistic regression (STACKING_C) fitted on the same validation rows,
   over every label in some member's top-k of each row: whether it is relevant, from each member's normalised score
   of it (0 outside that member's top-k) and whether it is in that member's top-k, both also times the label's depth
@@ -99,7 +99,7 @@ STACKING_BLOCK_ELEMENTS = 1 << 24                # bounds the memory of ranking 
 # Tail slots: a fitted fusion's first TAIL_SLOTS_AFTER places keep its order, the later ones go by score over
 # propensity ** alpha, alpha in TAIL_ALPHAS chosen on the validation rows (0: no tail slots). 4 of 5 places: P@1 and
 # P@3 stay the fusion's, and a rare label can take the fifth place (a rule fixed before the full debian-debtags'
-# seed 2 pair was trained; BENCHMARKS.md section 11).
+# seed 2 pair was built; BENCHMARKS.md section 11).
 TAIL_SLOTS_AFTER = 4
 TAIL_ALPHAS = (0.0, 0.5, 1.0, 2.0)
 
@@ -412,10 +412,16 @@ def members_alone(labels: Sequence[np.ndarray], truth, inv_propensity: np.ndarra
     return found
 
 
+def leads(metrics: dict, alone: Sequence[dict]) -> tuple[float, float]:
+    """The fusion's lead in P@1 and in PSP@5, in points, over the member alone (members_alone) that is closest to it
+    in each; negative where some member is ahead."""
+    return tuple(min(metrics[key] - member[key] for member in alone) for key in ("P@1", "PSP@5"))
+
+
 def objective(metrics: dict, alone: Sequence[dict]) -> float:
-    """FUSION_OBJECTIVE, in points: the smallest of the fusion's leads over each member alone (members_alone) in
-    P@1 and in PSP@5; negative where some member is ahead in one of them."""
-    return min(min(metrics["P@1"] - member["P@1"], metrics["PSP@5"] - member["PSP@5"]) for member in alone)
+    """FUSION_OBJECTIVE, in points: the smaller of the fusion's two leads (leads); negative where some member is
+    ahead in P@1 or PSP@5."""
+    return min(leads(metrics, alone))
 
 
 def choose_tail_alpha(fused: tuple[np.ndarray, np.ndarray], labels: Sequence[np.ndarray], truth,
@@ -437,8 +443,8 @@ def choose_tail_alpha(fused: tuple[np.ndarray, np.ndarray], labels: Sequence[np.
     for alpha in TAIL_ALPHAS:
         ranked, _ = tail_slots(*fused, log_inverse, TAIL_SLOTS_AFTER, alpha, log_scores)
         metrics = evaluate(ranked, truth, ks=(1, 5), inv_propensity=inv_propensity)
-        leads = [min(metrics[key] - member[key] for member in alone) for key in ("P@1", "PSP@5")]
-        value = (min(leads), max(leads))      # FUSION_OBJECTIVE, then the other lead
+        found = leads(metrics, alone)
+        value = (min(found), max(found))      # FUSION_OBJECTIVE, then the other lead
         if floor is None:     # alpha 0 comes first: the fusion as it ranks without tail slots
             floor = min(metrics["P@5"], max(members_p5))
         allowed = metrics["P@5"] >= floor - 1e-9
