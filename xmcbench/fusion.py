@@ -404,11 +404,12 @@ def weight_grid(num_members: int) -> list[tuple[float, ...]]:
 
 
 def members_alone(labels: Sequence[np.ndarray], truth, inv_propensity: np.ndarray) -> list[dict]:
-    """Each member's own (V, k) validation top list scored: its P@1 and PSP@5, the leads objective() measures."""
+    """Each member's own (V, k) validation top list scored: its P@1 and PSP@5, the leads objective() measures, and
+    its P@5, the floor of the tail slots (choose_tail_alpha)."""
     found = []
     for member_labels in labels:
         metrics = evaluate(member_labels, truth, ks=(1, 5), inv_propensity=inv_propensity)
-        found.append({"P@1": metrics["P@1"], "PSP@5": metrics["PSP@5"]})
+        found.append({"P@1": metrics["P@1"], "P@5": metrics["P@5"], "PSP@5": metrics["PSP@5"]})
     return found
 
 
@@ -436,7 +437,6 @@ def choose_tail_alpha(fused: tuple[np.ndarray, np.ndarray], labels: Sequence[np.
     validation labels; truth: (V, L_total); inv_propensity: (L_total,). Returns (alpha, a record of every alpha's
     validation P@1 / P@5 / PSP@5 / objective and the P@5 floor)."""
     alone = members_alone(labels, truth, inv_propensity)
-    members_p5 = [evaluate(member_labels, truth, ks=(5,))["P@5"] for member_labels in labels]
     log_inverse = np.log(inv_propensity)
     tried, floor = [], None
     best_alpha, best = 0.0, (-math.inf, -math.inf)
@@ -446,7 +446,7 @@ def choose_tail_alpha(fused: tuple[np.ndarray, np.ndarray], labels: Sequence[np.
         found = leads(metrics, alone)
         value = (min(found), max(found))      # FUSION_OBJECTIVE, then the other lead
         if floor is None:     # alpha 0 comes first: the fusion as it ranks without tail slots
-            floor = min(metrics["P@5"], max(members_p5))
+            floor = min(metrics["P@5"], max(member["P@5"] for member in alone))
         allowed = metrics["P@5"] >= floor - 1e-9
         tried.append({"alpha": alpha, "P@1": metrics["P@1"], "P@5": metrics["P@5"], "PSP@5": metrics["PSP@5"],
                       "objective": value[0], "P@5_floor_kept": bool(allowed)})
