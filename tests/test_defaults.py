@@ -122,6 +122,22 @@ def test_a_flat_lightxml_head_reads_a_bag_of_word_pieces(settings, buckets):
     assert "options.lexical_buckets" not in clustered or settings.get("cluster_size") == 1
 
 
+def test_a_flat_lightxml_run_on_a_dataset_without_a_preset_ranks_its_later_places_with_tail_slots(registry,
+                                                                                                    tiny_dataset):
+    from xmcbench_lightxml.methods import FLAT_TAIL_ALPHA, derive_flat_head
+
+    assert FLAT_TAIL_ALPHA == 1
+    plan = plan_run(registry, "lightxml", str(tiny_dataset))
+    assert plan.config.tail_alpha == 1 and "flat" in plan.derived["tail_alpha"].source
+    plan = plan_run(registry, "lightxml", str(tiny_dataset), set_options=["tail_alpha=0"])
+    assert plan.config.tail_alpha == 0 and "tail_alpha" not in plan.derived
+    clustered = derive_flat_head(statistics(labels=defaults.FLAT_MAX_LABELS + 1), CPU, settings=TrainConfig())
+    assert "tail_alpha" not in clustered, "measured on flat runs only"
+    # a preset keeps the paper's ranking: the embedded default and the paper's datasets
+    assert plan_run(registry, "lightxml", "debian-debtags-mini").config.tail_alpha == 0
+    assert TrainConfig().tail_alpha == 0, "every other method ranks as it scores unless --set tail_alpha=A"
+
+
 @pytest.mark.parametrize("max_length, model_max_length, cuts_on_the_right, window", [
     (128, 512, True, 512),      # a CPU's window: the bag reads 4 times as much
     (128, 256, True, 256),      # no further than the encoder's tokenizer reads

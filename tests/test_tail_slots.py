@@ -1,6 +1,7 @@
 """Tail slots of a fitted fusion: the first places keep the fusion's order, the later ones go by score over
 propensity, and the alpha is chosen on the validation rows without letting P@5 fall below the members'."""
 
+import json
 import math
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 import scipy.sparse
 
 from xmcbench import fusion as fusion_rules
-from xmcbench.errors import DamagedModel
+from xmcbench.errors import DamagedModel, XmcError
 
 AFTER = fusion_rules.TAIL_SLOTS_AFTER
 
@@ -118,3 +119,65 @@ def test_tail_slots_survive_ensemble_json_and_old_ensembles_have_none(tmp_path):
         fusion_rules.Fusion.from_json(without_propensities, 2, tmp_path / "ensemble.json")
     with pytest.raises(DamagedModel, match="damaged"):
         fusion_rules.Fusion.from_json({**spec, "tail_slots": {"after": 0, "alpha": 1.0}}, 2, tmp_path / "e.json")
+
+
+def test_a_runs_tail_slots_move_only_the_places_after_the_fourth_and_read_negative_scores_as_zero():
+    from xmcbench.inference import Predictions
+
+    labels = np.array([[0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5, 6]])
+    scores = np.array([[0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3], [0.9, 0.8, 0.7, 0.6, 0.5, -0.1, -0.2]], dtype=np.float32)
+    inverse = np.ones(7)
+    inverse[6] = 10.0       # label 6 is rare: 0.3 x 10 beats 0.5, but -0.2 counts as 0
+    predictions = Predictions(labels, scores, None)
+    moved = fusion_rules.with_tail_slots(predictions, inverse, 1.0)
+    assert moved.labels.tolist() == [[0, 1, 2, 3, 6, 4, 5], [0, 1, 2, 3, 4, 5, 6]]
+    assert moved.scores is scores, "the places keep their scores"
+    assert fusion_rules.with_tail_slots(predictions, inverse, 0.0) is predictions
+    assert fusion_rules.with_tail_slots(None, inverse, 1.0) is None, "a run without validation rows has none"
+
+
+def test_a_run_with_tail_slots_saves_predicts_and_evaluates_one_ranking(tmp_path):
+    """A whole method run twice with one seed, without and with tail_alpha: the second run's test and validation
+    lists are the first's with tail slots, and `predict` and `evaluate` of its saved model give that ranking."""
+    from safetensors.numpy import load_file
+
+    from xmcbench.inference import Predictions
+    from xmcbench.labels import load_label_info
+    from xmcbench.registry import build_registry
+    from xmcbench.runs import launch
+    from xmcbench.runs.plan import plan_run
+    from xmcbench.saved import evaluate, predict_texts
+    from xmcbench.testing import write_tiny_dataset
+
+    registry = build_registry()
+    data = write_tiny_dataset(tmp_path / "topics", train=160, test=40)
+    rows = (data / "train_labels.txt").read_text().splitlines()
+    carrying = [i for i, row in enumerate(rows) if "db:sql" in row.split()]
+    for i in carrying[2:]:      # db:sql becomes a rare label: 2 training documents, high inverse propensity
+        rows[i] = " ".join(label for label in rows[i].split() if label != "db:sql") or "role:program"
+    (data / "train_labels.txt").write_text("\n".join(rows) + "\n")
+    runs = {}
+    for alpha in (0, 1):    # plt with one thread: the same seed gives the same model (parabel's k-means does not)
+        plan = plan_run(registry, "plt", str(data), set_options=["validation_size=40", "threads=1",
+                                                                 f"tail_alpha={alpha}"])
+        runs[alpha] = launch.run(plan, output=tmp_path / f"alpha{alpha}", registry=registry, log=lambda line: None)
+    names = json.loads((runs[1] / "model" / "labels.json").read_text())
+    inverse = load_label_info(runs[1] / "model", names, "").inverse_propensities
+    for file in ("predictions.safetensors", "validation_predictions.safetensors"):
+        plain, slotted = load_file(str(runs[0] / file)), load_file(str(runs[1] / file))
+        expected = fusion_rules.with_tail_slots(Predictions(plain["labels"], plain["scores"], None), inverse, 1.0)
+        assert np.array_equal(slotted["labels"], expected.labels) and np.array_equal(slotted["scores"], plain["scores"])
+        assert not np.array_equal(slotted["labels"], plain["labels"]), "some rare label must take a later place"
+    saved = load_file(str(runs[1] / "predictions.safetensors"))
+    texts = (data / "test_texts.txt").read_text().splitlines()
+    for top_k in (10, 5):
+        found = predict_texts(runs[1], texts, top_k=top_k, registry=registry)
+        assert [[names.index(name) for name in row["labels"]] for row in found] == \
+            [[i for i in row[:top_k] if i >= 0] for row in saved["labels"].tolist()]
+    recorded = json.loads((runs[1] / "metrics.json").read_text())
+    again = evaluate(runs[1])
+    assert again["P@5"] == pytest.approx(recorded["P@5"]) and again["PSP@5"] == pytest.approx(recorded["PSP@5"])
+    assert json.loads((runs[1] / "config.json").read_text())["config"]["tail_alpha"] == 1
+    (runs[1] / "model" / "label_info.json").unlink()
+    with pytest.raises(XmcError, match="label_info.json"):   # one line, not a traceback
+        predict_texts(runs[1], texts[:2], top_k=5, registry=registry)

@@ -82,6 +82,10 @@ class TrainConfig:
     threads: int = 0               # torch CPU threads (0: one per core)
     seed: int = 0
     top_k: int = 10                # labels kept per test document (raised to max(eval_ks) unless given)
+    # > 0: the places after the 4th go by score x (1 / p_l) ** tail_alpha over the rest of the top_k (tail slots,
+    # xmcbench.fusion.with_tail_slots), on the test and validation predictions and in `xmcbench predict`; 0: the
+    # model's own ranking. P@1 and P@3 stay the model's; a rare label it holds just below the top 5 can take the 5th
+    tail_alpha: float = 0.0
     eval_ks: tuple[int, ...] = (1, 3, 5)   # cut-offs k of every metric@k (P, nDCG, PSP, PSnDCG, R, PSR)
     propensity_a: float = 0.0      # A, B of the propensity model for PSP/PSnDCG/PSR (0: the dataset's own)
     propensity_b: float = 0.0
@@ -212,7 +216,7 @@ SETTING_RANGES: dict[str, tuple[float | None, float | None]] = {
     "checkpoint_every_steps": (0, None), "checkpoint_every_epochs": (0, None),
     "validation_size": (0, None), "patience": (0, None), "max_train_docs": (0, None),
     "threads": (0, 4096), "seed": (0, 2**32 - 1), "top_k": (METRIC_MAX_K, MAX_TOP_K),
-    "propensity_a": (0.0, 10.0), "propensity_b": (0.0, 1000.0), "ranker_weight": (0.0, 1.0),
+    "propensity_a": (0.0, 10.0), "propensity_b": (0.0, 1000.0), "ranker_weight": (0.0, 1.0), "tail_alpha": (0.0, 10.0),
 }
 VALIDATION_SPLITS = ("random", "grouped")
 # How a label's final score follows from its own probability p (its ranker's, (B, C)) and q, its leaf cluster's

@@ -26,7 +26,8 @@ import numpy as np
 # 5: LightXML's heads learn at 1e-3 where its rows start at PIFA (plugins/xmcbench_lightxml/methods.py).
 # 6: a flat LightXML head reads a bag of 4,096 buckets of word pieces beside the [CLS] states (the same file).
 # 7: that bag reads up to 512 word pieces of each document, in 8,192 buckets, scaled to length 4 (the same file).
-RULE_VERSION = 7
+# 8: a flat LightXML run ranks its places after the 4th by score over propensity (tail_alpha 1; the same file).
+RULE_VERSION = 8
 
 LENGTH_SAMPLE = 2000             # training texts tokenized (without truncation) for the length distribution
 LENGTH_QUANTILE = 0.9            # max_length covers this share of training texts whole...

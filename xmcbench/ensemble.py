@@ -223,8 +223,9 @@ def _predict_member(member: Member, texts: list[str], texts_key: str | None, top
         raise XmcError(f"ensemble member {member.path} has another label vocabulary than the ensemble; rebuild "
                        "the ensemble with `xmcbench ensemble`")
     config.top_k = top_k
-    return predict_documents(model, texts, texts_key, config, description=f"{description} ({member.path.name})",
-                               tokenizing=f"tokenizing ({member.path.name})")
+    return predict_documents(model, texts, texts_key, config, model_dir=member.path,
+                             description=f"{description} ({member.path.name})",
+                             tokenizing=f"tokenizing ({member.path.name})")
 
 
 def _predict_test(members: list[Member], dataset, top_k: int, registry: Registry,

@@ -44,7 +44,8 @@ scores (ties: lower id first).
   slots), among the alphas that keep the fusion's validation P@5 at least at the lower of its own without tail
   slots and its best member's (choose_tail_alpha). P@1 and P@3 stay the fusion's; a rare label that the fusion
   holds just below the top 5 can take the fifth place, which is where a label seen once or twice scores in PSP@5.
-  The record's "tail_slots_chosen" lists every alpha's validation figures.
+  The record's "tail_slots_chosen" lists every alpha's validation figures. A single run can rank its own places
+  the same way (the setting tail_alpha, with_tail_slots): its members then reach the fusion already tail-slotted.
 - `stacked`: the same normalisation, then a logistic regression (STACKING_C) fitted on the same validation rows,
   over every label in some member's top-k of each row: whether it is relevant, from each member's normalised score
   of it (0 outside that member's top-k) and whether it is in that member's top-k, both also times the label's depth
@@ -68,7 +69,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -344,6 +345,21 @@ def tail_slots(labels: np.ndarray, scores: np.ndarray, label_log_inverse_propens
     values[:, :after] = np.inf      # the first places keep their order: the sort below is stable
     order = np.argsort(-values, axis=1, kind="stable")
     return np.take_along_axis(labels, order, axis=1), scores
+
+
+def with_tail_slots(predictions, inverse_propensity: np.ndarray, alpha: float):
+    """A run's predictions (inference.Predictions: labels and scores (N, k), best first) with tail slots at a fixed
+    alpha, the run's setting tail_alpha: its first TAIL_SLOTS_AFTER places as they are, the later ones by score x
+    (1 / p_l) ** alpha over the rest of each row's top k (tail_slots; the places keep their scores). A run's scores
+    are read as probabilities: one below 0 counts as 0, so such a label moves behind every label scored above 0.
+    inverse_propensity: (L,) 1 / p_l of the labels the ids index (LabelInfo.inverse_propensities). alpha 0, or
+    predictions None (a run without validation rows): the predictions as they are."""
+    if alpha == 0 or predictions is None:
+        return predictions
+    probabilities = np.maximum(np.asarray(predictions.scores, dtype=np.float64), 0.0)
+    labels, _ = tail_slots(predictions.labels, probabilities, np.log(inverse_propensity), TAIL_SLOTS_AFTER, alpha,
+                           log_scores=False)
+    return replace(predictions, labels=labels)
 
 
 def weighted_fusion(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray | None], weights,

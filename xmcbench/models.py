@@ -13,6 +13,8 @@ from xmcbench import whole_methods
 from xmcbench.config import TrainConfig
 from xmcbench.data import Dataset
 from xmcbench.device import pick_device, set_threads
+from xmcbench.errors import XmcError
+from xmcbench.fusion import with_tail_slots
 from xmcbench.inference import Predictions, predict
 from xmcbench.interfaces import WholeMethod
 from xmcbench.labels import load_label_info
@@ -20,6 +22,7 @@ from xmcbench.model import XMCModel
 from xmcbench.modelio import REDO, load_model_dir
 from xmcbench.registry import Registry
 from xmcbench.scoring import zero_shot_mask
+from xmcbench.storage import read_json
 from xmcbench.tokenization import tokenize
 
 
@@ -41,23 +44,38 @@ def test_documents(model: XMCModel | WholeMethod, dataset: Dataset, registry: Re
 
 
 def predict_documents(model: XMCModel | WholeMethod, texts: list[str] | sp.csr_matrix, texts_key: str | None,
-                      config: TrainConfig, description: str = "predicting",
+                      config: TrainConfig, *, model_dir: Path, description: str = "predicting",
                       tokenizing: str = "tokenizing") -> Predictions:
     """The top config.top_k labels of raw texts (or, for a whole method that reads them, (N, D) CSR sparse
-    features) with a model from load_model. texts_key: the texts' key in the tokenization cache (None:
-    not cached); description, tokenizing: the progress lines' names."""
+    features) with a model from load_model, in the order its run scored them: with the run's tail slots
+    (config.tail_alpha). model_dir: the run directory or model/ folder it was loaded from (its label_info.json
+    holds the propensities of the tail slots); texts_key: the texts' key in the tokenization cache (None: not
+    cached); description, tokenizing: the progress lines' names."""
     if isinstance(model, WholeMethod):
-        return whole_methods.predict(model, texts, config.top_k)
-    set_threads(config)
-    device = pick_device(config)
-    tokens = tokenize(texts, model.encoder.tokenizer, model.encoder.tokens_to_read(config.max_length), texts_key,
-                      description=tokenizing)
-    return predict(model, tokens, config, device, description=description)
+        found = whole_methods.predict(model, texts, config.top_k)
+    else:
+        set_threads(config)
+        device = pick_device(config)
+        tokens = tokenize(texts, model.encoder.tokenizer, model.encoder.tokens_to_read(config.max_length),
+                          texts_key, description=tokenizing)
+        found = predict(model, tokens, config, device, description=description)
+    if config.tail_alpha == 0:
+        return found
+    folder = _model_folder(model_dir)
+    info = load_label_info(folder, read_json(folder / "labels.json", "the label list", REDO), REDO)
+    if info is None:
+        raise XmcError(f"{folder} ranks with tail slots (tail_alpha={config.tail_alpha:g}) but keeps no "
+                       f"label_info.json with its labels' propensities; {REDO}")
+    return with_tail_slots(found, info.inverse_propensities, config.tail_alpha)
 
 
 def saved_zero_shot_mask(model_dir: Path, label_names: list[str], total_labels: int) -> np.ndarray:
     """zero_shot_mask of a saved model (a run directory or its model/ folder), from the training counts its
     label_info.json kept (only the labels beyond its vocabulary for a model saved before that file existed)."""
-    folder = Path(model_dir) / "model" if (Path(model_dir) / "model").is_dir() else Path(model_dir)
-    info = load_label_info(folder, label_names, REDO)
+    info = load_label_info(_model_folder(model_dir), label_names, REDO)
     return zero_shot_mask(None if info is None else info.counts, len(label_names), total_labels)
+
+
+def _model_folder(model_dir: Path) -> Path:
+    """The model/ folder of a run directory, or the folder itself when it is one."""
+    return Path(model_dir) / "model" if (Path(model_dir) / "model").is_dir() else Path(model_dir)

@@ -56,8 +56,9 @@ class SavedModel:
             if self.ensemble is not None:   # the progress lines name the member they are about
                 member = self.ensemble.members[index].path.name
                 names = (f"{description} ({member})", f"{tokenizing} ({member})")
-            found.append(predict_documents(model, documents(model), texts_key, config, description=names[0],
-                                           tokenizing=names[1]))
+            folder = self.path if self.ensemble is None else self.ensemble.members[index].path
+            found.append(predict_documents(model, documents(model), texts_key, config, model_dir=folder,
+                                           description=names[0], tokenizing=names[1]))
         if self.ensemble is None:
             return found[0]
         labels, scores = fuse([p.labels for p in found], [p.scores for p in found], width, self.ensemble.fusion,
@@ -67,10 +68,13 @@ class SavedModel:
     def predict(self, texts: list[str], top_k: int = 10, threshold: float | None = None) -> list[dict]:
         """texts: (N,) str. Returns N dicts {"labels": [name, ...], "scores": [float, ...]}, best first, at most
         top_k each (fewer when threshold drops the labels scoring below it) — what `xmcbench predict` writes.
-        An ensemble's members contribute their top max(top_k, K) labels, K from ensemble.json, so for
-        top_k <= K the result is the start of the ranking `evaluate` scores."""
+        An ensemble's members contribute their top max(top_k, K) labels, K from ensemble.json, and a run with
+        tail slots (tail_alpha) ranks its top max(top_k, K) with them, K its top_k, so for top_k <= K the result
+        is the start of the ranking `evaluate` scores."""
         check_top_k(top_k)
-        width = top_k if self.ensemble is None else max(top_k, self.ensemble.top_k)
+        config = self.models[0][1]
+        width = top_k if self.ensemble is None and config.tail_alpha == 0 else \
+            max(top_k, config.top_k if self.ensemble is None else self.ensemble.top_k)
         found = self.top(lambda model: texts, width, None)
         names = self.label_names
         results = [{"labels": [names[i] for i in row[:top_k] if i >= 0],

@@ -1484,7 +1484,7 @@ def check_method(registry, method: str, settings: list[str] | dict = ()) -> None
             loaded, loaded_config, _ = load_model_dir(moved, registry)
         loaded_config = dataclasses.replace(loaded_config, threads=1, top_k=config.top_k)
         with check.rule("the loaded model must predict"):
-            found = predict_documents(loaded, dataset.test_texts, None, loaded_config)
+            found = predict_documents(loaded, dataset.test_texts, None, loaded_config, model_dir=moved)
         saved = load_file(str(finished / "predictions.safetensors"))
         check.require(np.array_equal(found.labels, saved["labels"].numpy()) and
                       np.allclose(found.scores, saved["scores"].numpy(), rtol=SAME_RTOL, atol=SAME_ATOL),

@@ -17,6 +17,7 @@ from xmcbench.device import pick_device, seed_everything, set_threads
 from xmcbench.distributed import Distributed, broadcast_text, shutdown
 from xmcbench.errors import TrainingInterrupted, XmcError, joined_line
 from xmcbench.formats import open_dataset
+from xmcbench.fusion import with_tail_slots
 from xmcbench.indexing import label_clusters, resolve_num_clusters
 from xmcbench.inference import predict
 from xmcbench.labels import label_info
@@ -205,6 +206,8 @@ def _train_and_write(plan: Plan, output: Path, claimed: ClaimedRun | None, datas
     shutdown(dist, together=True)   # the last collective is behind every process: rank 0 writes alone from here
     if not dist.is_main:
         return output
+    predictions = with_tail_slots(predictions, run_labels.inverse_propensities, config.tail_alpha)
+    validation_predictions = with_tail_slots(validation_predictions, run_labels.inverse_propensities, config.tail_alpha)
     metrics = score(predictions, dataset.test_labels, model, weights, config.eval_ks, filtered=dataset.test_filter,
                     zero_shot=zero_shot_mask(run_labels.counts, dataset.num_labels, len(dataset.label_names)),
                     families=registry.metric_families())

@@ -20,6 +20,7 @@ from xmcbench.device import seed_everything, set_threads
 from xmcbench.distributed import Distributed
 from xmcbench.errors import XmcError
 from xmcbench.formats import open_dataset
+from xmcbench.fusion import with_tail_slots
 from xmcbench.interfaces import WholeMethod, call_factory
 from xmcbench.labels import label_info
 from xmcbench.registry import Registry
@@ -97,6 +98,8 @@ def _fit_and_write(plan: Plan, method: type[WholeMethod], claimed: ClaimedRun, d
     if len(validation_rows):   # for ensembles, which choose member weights on these rows, never on test
         validation_predictions = predict(model, documents_of(dataset, "train", validation_rows, features),
                                          config.top_k)
+    predictions = with_tail_slots(predictions, run_labels.inverse_propensities, config.tail_alpha)
+    validation_predictions = with_tail_slots(validation_predictions, run_labels.inverse_propensities, config.tail_alpha)
 
     metrics = score(predictions, dataset.test_labels, None, weights, config.eval_ks, filtered=dataset.test_filter,
                     zero_shot=zero_shot_mask(run_labels.counts, num_labels, len(dataset.label_names)),
