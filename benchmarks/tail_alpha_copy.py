@@ -1,8 +1,8 @@
 """A copy of a finished run whose saved test and validation lists are ranked with tail slots at a fixed alpha, as a
 run with `--set tail_alpha=ALPHA` ranks them (xmcbench.fusion.with_tail_slots, the propensities of the run's
 model/label_info.json). Tail slots change only the ranking of the saved top-k, never training, so a run made
-before rule version 8 gives, through this copy, what the same run under rule version 8 would have scored and
-fused. Nothing is trained or predicted again.
+without them gives, through this copy, what the same run with `--set tail_alpha=ALPHA` would have scored and fused
+(BENCHMARKS.md section 11, "LightXML's own tail slots"). Nothing is trained or predicted again.
 
     python benchmarks/tail_alpha_copy.py RUN_DIR COPY_DIR [--alpha 1]
     xmcbench rescore COPY_DIR                                    # its metrics.json, of the new ranking

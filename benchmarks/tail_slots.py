@@ -1,8 +1,8 @@
 """Tail slots (xmcbench.fusion.tail_slots): keep a run's first KEEP labels and fill the places after them by score
 over propensity, measured on the run's saved test predictions (nothing is trained or predicted again). A fitted
 ensemble (`--fusion weighted`) chooses its own alpha on the validation rows, with KEEP = 4; this script measures any
-run, a single method included, at fixed KEEP and alpha. A run with `tail_alpha` > 0 (a flat LightXML run under rule
-version 8) saved its lists with tail slots already: the alphas here then act on that ranking.
+run, a single method included, at fixed KEEP and alpha. A run made with `--set tail_alpha=A` saved its lists with tail
+slots already: the alphas here then act on that ranking.
 
     python benchmarks/tail_slots.py RUN_DIR [RUN_DIR ...] [--keep 3 4] [--alpha 0 0.5 1 2]
 
