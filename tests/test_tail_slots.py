@@ -178,6 +178,10 @@ def test_a_run_with_tail_slots_saves_predicts_and_evaluates_one_ranking(tmp_path
     again = evaluate(runs[1])
     assert again["P@5"] == pytest.approx(recorded["P@5"]) and again["PSP@5"] == pytest.approx(recorded["PSP@5"])
     assert json.loads((runs[1] / "config.json").read_text())["config"]["tail_alpha"] == 1
+    from xmcbench.models import load_model, predict_documents
+    model, config, _ = load_model(runs[1], registry)
+    with pytest.raises(XmcError, match="pass model_dir"):    # where the propensities are is not guessed
+        predict_documents(model, texts[:2], None, config)
     (runs[1] / "model" / "label_info.json").unlink()
     with pytest.raises(XmcError, match="label_info.json"):   # one line, not a traceback
         predict_texts(runs[1], texts[:2], top_k=5, registry=registry)

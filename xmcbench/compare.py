@@ -34,7 +34,7 @@ from xmcbench.storage import fingerprint, read_json, write_json
 # Settings added after result keys existed: hashed only when set to something else than their default, so
 # the keys, and with them the runs saved before these settings existed, stay what they were.
 LATER_SETTINGS = ("eval_ks", "propensity_a", "propensity_b", "tree_levels", "level_top", "score_combiner", "ranker_weight",
-                  "zero_shot_labels", "indexer", "validation_split")
+                  "zero_shot_labels", "indexer", "validation_split", "tail_alpha")
 # Settings that cannot change a result (what is logged where): never hashed, so adding a logger finds the run.
 RESULT_NEUTRAL_SETTINGS = ("loggers",)
 

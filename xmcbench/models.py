@@ -44,12 +44,12 @@ def test_documents(model: XMCModel | WholeMethod, dataset: Dataset, registry: Re
 
 
 def predict_documents(model: XMCModel | WholeMethod, texts: list[str] | sp.csr_matrix, texts_key: str | None,
-                      config: TrainConfig, *, model_dir: Path, description: str = "predicting",
+                      config: TrainConfig, *, model_dir: Path | None = None, description: str = "predicting",
                       tokenizing: str = "tokenizing") -> Predictions:
     """The top config.top_k labels of raw texts (or, for a whole method that reads them, (N, D) CSR sparse
     features) with a model from load_model, in the order its run scored them: with the run's tail slots
-    (config.tail_alpha). model_dir: the run directory or model/ folder it was loaded from (its label_info.json
-    holds the propensities of the tail slots); texts_key: the texts' key in the tokenization cache (None: not
+    (config.tail_alpha). model_dir: the run directory or model/ folder it was loaded from, whose label_info.json
+    holds the propensities of the tail slots (needed only where config.tail_alpha > 0); texts_key: the texts' key in the tokenization cache (None: not
     cached); description, tokenizing: the progress lines' names."""
     if isinstance(model, WholeMethod):
         found = whole_methods.predict(model, texts, config.top_k)
@@ -61,6 +61,9 @@ def predict_documents(model: XMCModel | WholeMethod, texts: list[str] | sp.csr_m
         found = predict(model, tokens, config, device, description=description)
     if config.tail_alpha == 0:
         return found
+    if model_dir is None:
+        raise XmcError(f"the model ranks with tail slots (tail_alpha={config.tail_alpha:g}): pass model_dir, the "
+                       "run directory it was loaded from, whose label_info.json holds the propensities they need")
     folder = _model_folder(model_dir)
     info = load_label_info(folder, read_json(folder / "labels.json", "the label list", REDO), REDO)
     if info is None:
