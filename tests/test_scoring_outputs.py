@@ -81,12 +81,15 @@ def test_result_keys_of_runs_saved_before_the_scoring_settings_stay_the_same(reg
     plan = plan_run(registry, "votes", str(dataset_dir), set_options=["validation_size=12"])
     before = {key: value for key, value in plan.config.to_dict().items()
               if key not in ("eval_ks", "propensity_a", "propensity_b", "loggers", "tree_levels", "level_top",
-                             "score_combiner", "ranker_weight", "zero_shot_labels", "indexer", "validation_split")}
+                             "score_combiner", "ranker_weight", "zero_shot_labels", "indexer", "validation_split",
+                             "tail_alpha")}
     assert compare.legacy_result_key(registry, plan, "v1") == fingerprint("votes", before, [{
         "name": "joint", "trains": ("encoder", "ranker_encoder", "recaller", "ranker"), "losses": ("recall", "rank"),
         "epochs_key": "epochs", "start": None}], "v1")
     deeper = plan_run(registry, "votes", str(dataset_dir), set_options=["validation_size=12", "eval_ks=1,10"])
     assert compare.legacy_result_key(registry, deeper, "v1") != compare.legacy_result_key(registry, plan, "v1")
+    slotted = plan_run(registry, "votes", str(dataset_dir), set_options=["validation_size=12", "tail_alpha=1"])
+    assert compare.result_key(registry, slotted, "v1") != compare.result_key(registry, plan, "v1")
 
 
 def test_a_run_scores_at_its_eval_ks(registry, dataset_dir, tmp_path):
