@@ -36,19 +36,18 @@ TEST_FILE = "predictions.safetensors"
 LEFT_OUT = ("predictions.npz",)     # the old ranking's sparse matrix; metrics.json is copied, then rescored
 
 
-def predicted_again(run: Path, record: dict, alpha: float) -> dict:
+def predicted_again(run: Path, record: dict, alpha: float, saved: dict) -> dict:
     """The run's test and validation lists predicted again with its saved model at tail_alpha `alpha`:
-    {file name: Predictions}."""
+    {file name: Predictions}. saved: the run's saved lists {file name: arrays}; the validation rows come from them."""
     registry = build_registry()
     dataset = open_dataset(registry, record["dataset"], None, reading_of(record))
     model, config, _ = load_model(run, registry)
     config = copy.copy(config)
     config.tail_alpha = alpha
     found = {TEST_FILE: predict_documents(model, dataset.test_texts, None, config, model_dir=run)}
-    if (run / VALIDATION_PREDICTIONS_FILE).is_file():
-        rows = load_file(str(run / VALIDATION_PREDICTIONS_FILE))["rows"]
-        found[VALIDATION_PREDICTIONS_FILE] = predict_documents(model, [dataset.train_texts[i] for i in rows], None,
-                                                               config, model_dir=run)
+    if VALIDATION_PREDICTIONS_FILE in saved:
+        texts = [dataset.train_texts[i] for i in saved[VALIDATION_PREDICTIONS_FILE]["rows"]]
+        found[VALIDATION_PREDICTIONS_FILE] = predict_documents(model, texts, None, config, model_dir=run)
     return found
 
 
@@ -61,18 +60,18 @@ def main() -> None:
     if args.copy.exists():
         raise SystemExit(f"{args.copy} exists; give a new folder")
     record = json.loads((args.run / "config.json").read_text())
-    ranked_files = [name for name in (TEST_FILE, VALIDATION_PREDICTIONS_FILE) if (args.run / name).is_file()]
+    saved = {name: load_file(str(args.run / name)) for name in (TEST_FILE, VALIDATION_PREDICTIONS_FILE)
+             if (args.run / name).is_file()}
     if record["config"].get("tail_alpha", 0.0):
-        ranked = predicted_again(args.run, record, args.alpha)
+        ranked = predicted_again(args.run, record, args.alpha, saved)
     else:
         names = json.loads((args.run / "model" / "labels.json").read_text())
         inverse = load_label_info(args.run / "model", names, "rerun the run").inverse_propensities
-        saved = {name: load_file(str(args.run / name)) for name in ranked_files}
         ranked = {name: with_tail_slots(Predictions(found["labels"], found["scores"], None), inverse, args.alpha)
                   for name, found in saved.items()}
     args.copy.mkdir(parents=True)
     for path in args.run.iterdir():
-        if path.name in ranked_files or path.name in LEFT_OUT:
+        if path.name in saved or path.name in LEFT_OUT:
             continue
         if path.is_dir():
             (args.copy / path.name).symlink_to(path.resolve())
@@ -80,8 +79,7 @@ def main() -> None:
             shutil.copy2(path, args.copy / path.name)
     record["config"]["tail_alpha"] = args.alpha
     (args.copy / "config.json").write_text(json.dumps(record, indent=1))
-    for name in ranked_files:
-        arrays = load_file(str(args.run / name))
+    for name, arrays in saved.items():
         arrays.update(labels=ranked[name].labels.astype(arrays["labels"].dtype),
                       scores=ranked[name].scores.astype(arrays["scores"].dtype))
         save_file(arrays, str(args.copy / name))
