@@ -95,6 +95,30 @@ def test_no_alpha_may_bring_p5_below_the_members():
     assert alpha == 0.0 and not tried[1.0]["P@5_floor_kept"] and record["P@5_floor"] == tried[0.0]["P@5"]
 
 
+def test_a_fusion_of_members_with_tail_slots_tries_no_smaller_alpha():
+    assert fusion_rules.tail_alpha_candidates(0.0) == fusion_rules.TAIL_ALPHAS
+    assert fusion_rules.tail_alpha_candidates(1.0) == (1.0, 2.0)
+    assert fusion_rules.tail_alpha_candidates(0.7) == (0.7, 1.0, 2.0), "a member's own alpha is tried first"
+    assert fusion_rules.tail_alpha_candidates(3.0) == (3.0,)
+    # where alpha 0 would keep P@5 (test_no_alpha_may_bring_p5_below_the_members), members ranked with alpha 1 make
+    # 1 the floor: the P@5 floor is counted from it, so it is always allowed
+    lifted = rare_label_sixth(1)
+    pushed = rare_label_sixth(3, rare_relevant=False)
+    labels = np.concatenate([lifted[0], pushed[0]])
+    scores = np.concatenate([lifted[1], pushed[1]])
+    truth = scipy.sparse.vstack([lifted[2], pushed[2]]).tocsr()
+    inverse = np.ones(30)
+    inverse[20] = 50.0
+    member = labels.copy()
+    member[:, [0, 3]] = member[:, [3, 0]]
+    alpha, record = fusion_rules.choose_tail_alpha((labels, scores), [member], truth, inverse, log_scores=False,
+                                                   members_tail_alpha=1.0)
+    assert alpha == 1.0 and record["members_tail_alpha"] == 1.0
+    assert [found["alpha"] for found in record["alphas_tried"]] == [1.0, 2.0]
+    member_p5 = fusion_rules.members_alone([member], truth, inverse)[0]["P@5"]
+    assert record["P@5_floor"] == min(record["alphas_tried"][0]["P@5"], member_p5) < member_p5
+
+
 def test_tail_slots_survive_ensemble_json_and_old_ensembles_have_none(tmp_path):
     quantiles = [np.linspace(0, 1, 5), np.linspace(0, 1, 5)]
     log_inverse = np.zeros(6)
@@ -178,6 +202,14 @@ def test_a_run_with_tail_slots_saves_predicts_and_evaluates_one_ranking(tmp_path
     again = evaluate(runs[1])
     assert again["P@5"] == pytest.approx(recorded["P@5"]) and again["PSP@5"] == pytest.approx(recorded["PSP@5"])
     assert json.loads((runs[1] / "config.json").read_text())["config"]["tail_alpha"] == 1
+    # a fitted hybrid of it tries no alpha below its members' largest: at a smaller one it would put the rare labels
+    # back where the scores alone rank them
+    from xmcbench.ensemble import build_ensemble
+    hybrid = build_ensemble([runs[0], runs[1]], tmp_path / "hybrid", fusion="weighted", registry=registry,
+                            log=lambda line: None)
+    chosen = json.loads((hybrid / "ensemble.json").read_text())["fusion"]["tail_slots_chosen"]
+    assert chosen["members_tail_alpha"] == 1 and chosen["alpha"] >= 1
+    assert [found["alpha"] for found in chosen["alphas_tried"]] == [1.0, 2.0]
     from xmcbench.models import load_model, predict_documents
     model, config, _ = load_model(runs[1], registry)
     with pytest.raises(XmcError, match="pass model_dir"):    # where the propensities are is not guessed

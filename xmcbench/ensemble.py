@@ -190,14 +190,18 @@ def read_ensemble(directory: Path) -> Ensemble:
 
 # -- scoring and predicting -------------------------------------------------------------------------
 
+def member_config(member: Member) -> TrainConfig:
+    """The TrainConfig a member was trained with; a config.json it cannot be read from ends in one line."""
+    try:
+        return TrainConfig.from_dict(member.config.get("config", {}))
+    except XmcError as error:
+        raise XmcError(f"ensemble member {member.path}: config.json: {error}") from None
+
+
 def scoring_config(members: list[Member], set_options: Sequence[str] = ()):
     """The TrainConfig whose eval_ks and propensity settings score an ensemble: its first member's (the one
     config.json shows), with `evaluate --set` scoring settings over them (scoring.evaluation_config)."""
-    try:
-        config = TrainConfig.from_dict(members[0].config.get("config", {}))
-    except XmcError as error:
-        raise XmcError(f"ensemble member {members[0].path}: config.json: {error}") from None
-    return evaluation_config(config, set_options)
+    return evaluation_config(member_config(members[0]), set_options)
 
 
 def _score(labels: np.ndarray, dataset, members: list[Member], families: tuple | None = None) -> dict:
@@ -324,8 +328,10 @@ def fit_fusion(members: list[Member], dataset, top_k: int, rule: str = "weighted
     fusion = _fit_rule(members, rule, labels, scores, rows, quantiles, names, truth, inv_propensity, top_k)
     sizes = [len(member.label_names) for member in members]
     fused = fuse(labels, scores, top_k, fusion, sizes)          # the validation rows, before tail slots
+    members_tail_alpha = max(member_config(member).tail_alpha for member in members)
     alpha, record = choose_tail_alpha(fused, [member_labels[:, :top_k] for member_labels in labels], truth,
-                                      inv_propensity, log_scores=fusion.stacking is not None)
+                                      inv_propensity, log_scores=fusion.stacking is not None,
+                                      members_tail_alpha=members_tail_alpha)
     fusion.record["tail_slots_chosen"] = record
     if alpha > 0:
         fusion.record["validation_before_tail_slots"] = fusion.record["validation"]

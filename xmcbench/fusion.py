@@ -45,7 +45,10 @@ scores (ties: lower id first).
   slots and its best member's (choose_tail_alpha). P@1 and P@3 stay the fusion's; a rare label that the fusion
   holds just below the top 5 can take the fifth place, which is where a label seen once or twice scores in PSP@5.
   The record's "tail_slots_chosen" lists every alpha's validation figures. A single run can rank its own places
-  the same way (the setting tail_alpha, with_tail_slots): its members then reach the fusion already tail-slotted.
+  the same way (the setting tail_alpha, with_tail_slots; a flat LightXML run does by default): the fusion then
+  tries only alphas from its members' largest tail_alpha up (tail_alpha_candidates), the P@5 floor counted from
+  the first of them, since the fused scores would otherwise put the members' rare labels back where their scores
+  alone rank them.
 - `stacked`: the same normalisation, then a logistic regression (STACKING_C) fitted on the same validation rows,
   over every label in some member's top-k of each row: whether it is relevant, from each member's normalised score
   of it (0 outside that member's top-k) and whether it is in that member's top-k, both also times the label's depth
@@ -441,34 +444,45 @@ def objective(metrics: dict, alone: Sequence[dict]) -> float:
     return min(leads(metrics, alone))
 
 
+def tail_alpha_candidates(members_tail_alpha: float) -> tuple[float, ...]:
+    """The alphas a fitted fusion tries: TAIL_ALPHAS from its members' largest tail_alpha up, that one first. The
+    fusion reads its members' scores, which tail slots leave as they were, so at a smaller alpha it would rank a
+    member's rare labels back behind the places that member gave them (rule version 9)."""
+    return tuple(sorted({members_tail_alpha, *(alpha for alpha in TAIL_ALPHAS if alpha >= members_tail_alpha)}))
+
+
 def choose_tail_alpha(fused: tuple[np.ndarray, np.ndarray], labels: Sequence[np.ndarray], truth,
-                      inv_propensity: np.ndarray, log_scores: bool) -> tuple[float, dict]:
-    """The tail slots' alpha (TAIL_ALPHAS) for a fitted fusion: the one whose validation ranking scores best on
-    FUSION_OBJECTIVE, then on its other lead (tail slots leave P@1 as it is, so where P@1's lead is the smaller the
-    objective ties and PSP@5's lead decides; full ties: the smaller alpha), among those that keep the fusion's P@5
-    at least at the lower of its own P@5 without tail slots and its best member's: the places after
-    TAIL_SLOTS_AFTER may trade P@5 for PSP@5 only while the fusion still ranks as well as every member there.
+                      inv_propensity: np.ndarray, log_scores: bool,
+                      members_tail_alpha: float = 0.0) -> tuple[float, dict]:
+    """The tail slots' alpha for a fitted fusion, one of tail_alpha_candidates(members_tail_alpha): the one whose
+    validation ranking scores best on FUSION_OBJECTIVE, then on its other lead (tail slots leave P@1 as it is, so
+    where P@1's lead is the smaller the objective ties and PSP@5's lead decides; full ties: the smaller alpha), among
+    those that keep the fusion's P@5 at least at the lower of its own P@5 at the first candidate and its best
+    member's: the places after TAIL_SLOTS_AFTER may trade P@5 for PSP@5 only while the fusion still ranks as well as
+    every member there. The first candidate is always allowed.
 
     fused: the fusion's (V, k) validation labels and scores (fuse, without tail slots); labels[m]: member m's (V, k)
-    validation labels; truth: (V, L_total); inv_propensity: (L_total,). Returns (alpha, a record of every alpha's
-    validation P@1 / P@5 / PSP@5 / objective and the P@5 floor)."""
+    validation labels; truth: (V, L_total); inv_propensity: (L_total,); members_tail_alpha: the largest tail_alpha
+    the members ranked their own lists with (0: none did). Returns (alpha, a record of every alpha's validation
+    P@1 / P@5 / PSP@5 / objective and the P@5 floor)."""
     alone = members_alone(labels, truth, inv_propensity)
     log_inverse = np.log(inv_propensity)
     tried, floor = [], None
     best_alpha, best = 0.0, (-math.inf, -math.inf)
-    for alpha in TAIL_ALPHAS:
+    for alpha in tail_alpha_candidates(members_tail_alpha):
         ranked, _ = tail_slots(*fused, log_inverse, TAIL_SLOTS_AFTER, alpha, log_scores)
         metrics = evaluate(ranked, truth, ks=(1, 5), inv_propensity=inv_propensity)
         found = leads(metrics, alone)
         value = (min(found), max(found))      # FUSION_OBJECTIVE, then the other lead
-        if floor is None:     # alpha 0 comes first: the fusion as it ranks without tail slots
+        if floor is None:     # the first candidate: 0 (no tail slots) unless the members ranked with them
             floor = min(metrics["P@5"], max(member["P@5"] for member in alone))
         allowed = metrics["P@5"] >= floor - 1e-9
         tried.append({"alpha": alpha, "P@1": metrics["P@1"], "P@5": metrics["P@5"], "PSP@5": metrics["PSP@5"],
                       "objective": value[0], "P@5_floor_kept": bool(allowed)})
         if allowed and (value[0] > best[0] + 1e-9 or (value[0] > best[0] - 1e-9 and value[1] > best[1] + 1e-9)):
             best_alpha, best = alpha, value
-    return best_alpha, {"after": TAIL_SLOTS_AFTER, "alpha": best_alpha, "P@5_floor": floor, "alphas_tried": tried}
+    return best_alpha, {"after": TAIL_SLOTS_AFTER, "alpha": best_alpha, "members_tail_alpha": members_tail_alpha,
+                        "P@5_floor": floor, "alphas_tried": tried}
 
 
 def weight_bin_groups(positives: Sequence[int]) -> list[list[int]]:
