@@ -45,7 +45,7 @@ scores (ties: lower id first).
   slots and its best member's (choose_tail_alpha). P@1 and P@3 stay the fusion's; a rare label that the fusion
   holds just below the top 5 can take the fifth place, which is where a label seen once or twice scores in PSP@5.
   The record's "tail_slots_chosen" lists every alpha's validation figures. A single run can rank its own places
-  the same way (the setting tail_alpha, with_tail_slots; a flat LightXML run does by default): the fusion then
+  the same way (the setting tail_alpha, with_tail_slots; no method's default): the fusion of such runs then
   tries only alphas from its members' largest tail_alpha up (tail_alpha_candidates), the P@5 floor counted from
   the first of them, since the fused scores would otherwise put the members' rare labels back where their scores
   alone rank them.
@@ -445,9 +445,12 @@ def objective(metrics: dict, alone: Sequence[dict]) -> float:
 
 
 def tail_alpha_candidates(members_tail_alpha: float) -> tuple[float, ...]:
-    """The alphas a fitted fusion tries: TAIL_ALPHAS from its members' largest tail_alpha up, that one first. The
-    fusion reads its members' scores, which tail slots leave as they were, so at a smaller alpha it would rank a
-    member's rare labels back behind the places that member gave them (rule version 9)."""
+    """The alphas a fitted fusion tries: TAIL_ALPHAS where no member has tail slots (members_tail_alpha 0), else
+    those from the members' largest tail_alpha up, that one first. The fusion reads its members' scores, which tail
+    slots leave as they were, so at a smaller alpha it would rank a member's rare labels back behind the places that
+    member gave them (BENCHMARKS.md section 11, "Rule version 9")."""
+    if members_tail_alpha == 0:
+        return TAIL_ALPHAS
     return tuple(sorted({members_tail_alpha, *(alpha for alpha in TAIL_ALPHAS if alpha >= members_tail_alpha)}))
 
 
