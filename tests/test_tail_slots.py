@@ -78,8 +78,10 @@ def test_where_p1_decides_the_objective_the_psp5_lead_chooses_the_alpha():
     assert alpha == 1.0, "the larger PSP@5 lead decides, and of the alphas that tie on it the smaller"
 
 
-def test_no_alpha_may_bring_p5_below_the_members():
-    # one document where the rare label is relevant, three where the fifth label it would push out is
+def tail_slots_trade_p5():
+    """Fused validation lists where tail slots trade P@5 for PSP@5: one document where the rare label 20 is relevant,
+    three where the fifth label it would push out is. Returns (labels, scores), truth, inverse propensities, and a
+    member whose top 5 holds the same labels with its first one wrong."""
     lifted = rare_label_sixth(1)
     pushed = rare_label_sixth(3, rare_relevant=False)
     labels = np.concatenate([lifted[0], pushed[0]])
@@ -88,8 +90,13 @@ def test_no_alpha_may_bring_p5_below_the_members():
     inverse = np.ones(30)
     inverse[20] = 50.0        # PSP@5 gains from the one document more than it loses on the three
     member = labels.copy()
-    member[:, [0, 3]] = member[:, [3, 0]]    # the member's top 5 holds the same labels, its first one wrong
-    alpha, record = fusion_rules.choose_tail_alpha((labels, scores), [member], truth, inverse, log_scores=False)
+    member[:, [0, 3]] = member[:, [3, 0]]
+    return (labels, scores), truth, inverse, member
+
+
+def test_no_alpha_may_bring_p5_below_the_members():
+    fused, truth, inverse, member = tail_slots_trade_p5()
+    alpha, record = fusion_rules.choose_tail_alpha(fused, [member], truth, inverse, log_scores=False)
     tried = {found["alpha"]: found for found in record["alphas_tried"]}
     assert tried[1.0]["PSP@5"] > tried[0.0]["PSP@5"] and tried[1.0]["P@5"] < tried[0.0]["P@5"]
     assert alpha == 0.0 and not tried[1.0]["P@5_floor_kept"] and record["P@5_floor"] == tried[0.0]["P@5"]
@@ -100,18 +107,10 @@ def test_a_fusion_of_members_with_tail_slots_tries_no_smaller_alpha():
     assert fusion_rules.tail_alpha_candidates(1.0) == (1.0, 2.0)
     assert fusion_rules.tail_alpha_candidates(0.7) == (0.7, 1.0, 2.0), "a member's own alpha is tried first"
     assert fusion_rules.tail_alpha_candidates(3.0) == (3.0,)
-    # where alpha 0 would keep P@5 (test_no_alpha_may_bring_p5_below_the_members), members ranked with alpha 1 make
-    # 1 the floor: the P@5 floor is counted from it, so it is always allowed
-    lifted = rare_label_sixth(1)
-    pushed = rare_label_sixth(3, rare_relevant=False)
-    labels = np.concatenate([lifted[0], pushed[0]])
-    scores = np.concatenate([lifted[1], pushed[1]])
-    truth = scipy.sparse.vstack([lifted[2], pushed[2]]).tocsr()
-    inverse = np.ones(30)
-    inverse[20] = 50.0
-    member = labels.copy()
-    member[:, [0, 3]] = member[:, [3, 0]]
-    alpha, record = fusion_rules.choose_tail_alpha((labels, scores), [member], truth, inverse, log_scores=False,
+    # where alpha 0 wins under the P@5 floor (the test above), members ranked with alpha 1 make 1 the first
+    # candidate: the floor is counted from it, so it is always allowed
+    fused, truth, inverse, member = tail_slots_trade_p5()
+    alpha, record = fusion_rules.choose_tail_alpha(fused, [member], truth, inverse, log_scores=False,
                                                    members_tail_alpha=1.0)
     assert alpha == 1.0 and record["members_tail_alpha"] == 1.0
     assert [found["alpha"] for found in record["alphas_tried"]] == [1.0, 2.0]
