@@ -49,8 +49,10 @@ def predict_documents(model: XMCModel | WholeMethod, texts: list[str] | sp.csr_m
     """The top config.top_k labels of raw texts (or, for a whole method that reads them, (N, D) CSR sparse
     features) with a model from load_model, in the order its run scored them: with the run's tail slots
     (config.tail_alpha). model_dir: the run directory or model/ folder it was loaded from, whose label_info.json
-    holds the propensities of the tail slots (needed only where config.tail_alpha > 0); texts_key: the texts' key in the tokenization cache (None: not
+    holds the propensities of the tail slots (needed only where config.tail_alpha > 0; read before predicting, so a
+    missing file ends in one line without the wait); texts_key: the texts' key in the tokenization cache (None: not
     cached); description, tokenizing: the progress lines' names."""
+    inverse_propensities = None if config.tail_alpha == 0 else _tail_slot_propensities(model_dir, config.tail_alpha)
     if isinstance(model, WholeMethod):
         found = whole_methods.predict(model, texts, config.top_k)
     else:
@@ -59,17 +61,23 @@ def predict_documents(model: XMCModel | WholeMethod, texts: list[str] | sp.csr_m
         tokens = tokenize(texts, model.encoder.tokenizer, model.encoder.tokens_to_read(config.max_length),
                           texts_key, description=tokenizing)
         found = predict(model, tokens, config, device, description=description)
-    if config.tail_alpha == 0:
+    if inverse_propensities is None:
         return found
+    return with_tail_slots(found, inverse_propensities, config.tail_alpha)
+
+
+def _tail_slot_propensities(model_dir: Path | None, tail_alpha: float) -> np.ndarray:
+    """(L,) 1 / p_l of a saved model's labels, from the label_info.json of model_dir (a run directory or its model/
+    folder), for ranking with tail slots; a missing model_dir or file ends in one line."""
     if model_dir is None:
-        raise XmcError(f"the model ranks with tail slots (tail_alpha={config.tail_alpha:g}): pass model_dir, the "
+        raise XmcError(f"the model ranks with tail slots (tail_alpha={tail_alpha:g}): pass model_dir, the "
                        "run directory it was loaded from, whose label_info.json holds the propensities they need")
     folder = _model_folder(model_dir)
     info = load_label_info(folder, read_json(folder / "labels.json", "the label list", REDO), REDO)
     if info is None:
-        raise XmcError(f"{folder} ranks with tail slots (tail_alpha={config.tail_alpha:g}) but keeps no "
+        raise XmcError(f"{folder} ranks with tail slots (tail_alpha={tail_alpha:g}) but keeps no "
                        f"label_info.json with its labels' propensities; {REDO}")
-    return with_tail_slots(found, info.inverse_propensities, config.tail_alpha)
+    return info.inverse_propensities
 
 
 def saved_zero_shot_mask(model_dir: Path, label_names: list[str], total_labels: int) -> np.ndarray:
