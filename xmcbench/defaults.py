@@ -29,8 +29,10 @@ import numpy as np
 # (An 8 that ranked a flat LightXML run's places after the 4th by score over propensity, tail_alpha 1, was reverted
 # two commits later: on the pair fixed to decide it the hybrid built on such runs fell below LightXML in PSP@5. A 9,
 # the same with a hybrid that keeps its members' tail slots, was reverted too: on debian-debtags-mini seed 5 that
-# hybrid only tied LightXML's P@1. Version 7 derives what it derived.)
-RULE_VERSION = 7
+# hybrid only tied LightXML's P@1.)
+# 10: 9's tail slots again, and a fitted hybrid's stacked model chooses its alpha on the validation ranking with its
+#     members' tail slots in place (xmcbench.fusion.served_metrics), so the two do not add the propensity twice.
+RULE_VERSION = 10
 
 LENGTH_SAMPLE = 2000             # training texts tokenized (without truncation) for the length distribution
 LENGTH_QUANTILE = 0.9            # max_length covers this share of training texts whole...

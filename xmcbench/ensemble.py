@@ -325,10 +325,11 @@ def fit_fusion(members: list[Member], dataset, top_k: int, rule: str = "weighted
     names = vocabulary(members)
     truth = remap_labels(dataset.train_labels[rows], dataset.label_names, names)
     inv_propensity = propensities(dataset, scoring_config(members), names).inverse
-    fusion = _fit_rule(members, rule, labels, scores, rows, quantiles, names, truth, inv_propensity, top_k)
+    members_tail_alpha = max(member_config(member).tail_alpha for member in members)
+    fusion = _fit_rule(members, rule, labels, scores, rows, quantiles, names, truth, inv_propensity, top_k,
+                       members_tail_alpha)
     sizes = [len(member.label_names) for member in members]
     fused = fuse(labels, scores, top_k, fusion, sizes)          # the validation rows, before tail slots
-    members_tail_alpha = max(member_config(member).tail_alpha for member in members)
     alpha, record = choose_tail_alpha(fused, [member_labels[:, :top_k] for member_labels in labels], truth,
                                       inv_propensity, log_scores=fusion.stacking is not None,
                                       members_tail_alpha=members_tail_alpha)
@@ -343,8 +344,9 @@ def fit_fusion(members: list[Member], dataset, top_k: int, rule: str = "weighted
 
 
 def _fit_rule(members: list[Member], rule: str, labels: list, scores: list, rows: np.ndarray, quantiles: list,
-              names: list[str], truth, inv_propensity: np.ndarray, top_k: int) -> Fusion:
-    """fit_fusion's weights, weights per bin or stacked model, before tail slots."""
+              names: list[str], truth, inv_propensity: np.ndarray, top_k: int, members_tail_alpha: float) -> Fusion:
+    """fit_fusion's weights, weights per bin or stacked model, before tail slots; the stacked model's alpha is
+    chosen on the validation ranking with the tail slots its members ranked with (members_tail_alpha)."""
     top_lists = [member_labels[:, :top_k] for member_labels in labels]
     normalised = [normalise(member_scores[:, :top_k], q) for member_scores, q in zip(scores, quantiles)]
     sizes = [len(member.label_names) for member in members]
@@ -392,7 +394,7 @@ def _fit_rule(members: list[Member], rule: str, labels: list, scores: list, rows
                                           "weights score and the stacked model cannot learn on validation rows")
         return fusion
     depth = label_depth(counts)
-    fitted = fit_stacking(top_lists, normalised, truth, inv_propensity, top_k, depth)
+    fitted = fit_stacking(top_lists, normalised, truth, inv_propensity, top_k, depth, members_tail_alpha)
     if fitted is None:
         if rule == "weighted":
             record["stacked_model_chosen"] = (f"no: the validation rows hold fewer than {STACKING_MIN_POSITIVES} "

@@ -56,10 +56,14 @@ scores (ties: lower id first).
   trusted on the rare labels and another on the frequent ones without bin boundaries, and a label only the weaker
   member proposes keeps a chance. Labels are ranked by the model's log-odds + alpha x log(1 / propensity), alpha in
   STACKING_ALPHAS chosen by FUSION_OBJECTIVE (alpha 0 orders by the estimated probability, what maximises expected
-  P@k; alpha 1 by probability times inverse propensity, what maximises expected PSP@k). It needs
-  STACKING_MIN_POSITIVES relevant labels among the validation rows' candidates. The weights `weighted` would choose
-  are chosen and recorded too, beside the stacked model's validation figures. `stacked` ranks with the model
-  whatever the weights score; `weighted` only where it scores better. A label outside a member's
+  P@k; alpha 1 by probability times inverse propensity, what maximises expected PSP@k), judged on the ranking with
+  the tail slots its members ranked with (served_metrics): those add log(1 / propensity) again after the 4th place,
+  and an alpha chosen without them counts it twice and moves the first places for a PSP@5 the slots already give.
+  It needs STACKING_MIN_POSITIVES relevant labels among the validation rows' candidates. The weights `weighted`
+  would choose are chosen and recorded too, beside the stacked model's validation figures. `stacked` ranks with the
+  model whatever the weights score; `weighted` only where it scores better (the weights' figures as chosen, before
+  tail slots: judged with them too, the weights won by a few validation documents on two debian-debtags-mini pairs
+  and lost there on test; BENCHMARKS.md section 11, "Rule version 10"). A label outside a member's
   vocabulary (zero-shot) reads as not proposed by that member; the validation rows hold none to learn otherwise.
   The validation rows: every member must have `validation_predictions.safetensors` (written by
   `xmcbench run` when validation_size > 0; see xmcbench.rundir.save_validation_predictions) over the same
@@ -444,6 +448,16 @@ def objective(metrics: dict, alone: Sequence[dict]) -> float:
     return min(leads(metrics, alone))
 
 
+def served_metrics(ranked: tuple[np.ndarray, np.ndarray], truth, inv_propensity: np.ndarray, tail_alpha: float,
+                   log_scores: bool) -> dict:
+    """A fused validation ranking ((V, k) labels and scores, best first) scored at P@1 / P@5 / PSP@5 as it will be
+    served: with tail slots at tail_alpha (0: none, the ranking as it is). fit_stacking judges its alpha on the
+    ranking with the members' tail slots (rule version 10), choose_tail_alpha each candidate alpha. truth:
+    (V, L_total); inv_propensity: (L_total,); log_scores: as in tail_slots."""
+    labels, _ = tail_slots(*ranked, np.log(inv_propensity), TAIL_SLOTS_AFTER, tail_alpha, log_scores)
+    return evaluate(labels, truth, ks=(1, 5), inv_propensity=inv_propensity)
+
+
 def tail_alpha_candidates(members_tail_alpha: float) -> tuple[float, ...]:
     """The alphas a fitted fusion tries: TAIL_ALPHAS where no member has tail slots (members_tail_alpha 0), else
     those from the members' largest tail_alpha up, that one first. The fusion reads its members' scores, which tail
@@ -469,12 +483,10 @@ def choose_tail_alpha(fused: tuple[np.ndarray, np.ndarray], labels: Sequence[np.
     the members ranked their own lists with (0: none did). Returns (alpha, a record of every alpha's validation
     P@1 / P@5 / PSP@5 / objective and the P@5 floor)."""
     alone = members_alone(labels, truth, inv_propensity)
-    log_inverse = np.log(inv_propensity)
     tried, floor = [], None
     best_alpha, best = 0.0, (-math.inf, -math.inf)
     for alpha in tail_alpha_candidates(members_tail_alpha):
-        ranked, _ = tail_slots(*fused, log_inverse, TAIL_SLOTS_AFTER, alpha, log_scores)
-        metrics = evaluate(ranked, truth, ks=(1, 5), inv_propensity=inv_propensity)
+        metrics = served_metrics(fused, truth, inv_propensity, alpha, log_scores)
         found = leads(metrics, alone)
         value = (min(found), max(found))      # FUSION_OBJECTIVE, then the other lead
         if floor is None:     # the first candidate: 0 (no tail slots) unless the members ranked with them
@@ -674,14 +686,15 @@ def stacked_ranking(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarra
 
 
 def fit_stacking(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray], truth, inv_propensity: np.ndarray,
-                 top_k: int, label_depth: np.ndarray) -> tuple[dict, dict, int] | None:
+                 top_k: int, label_depth: np.ndarray, tail_alpha: float = 0.0) -> tuple[dict, dict, int] | None:
     """The stacked model fitted on the validation rows: a logistic regression (L2, C = STACKING_C) of whether each
     candidate is relevant on its features (candidate_features), then alpha, the weight of log(1 / propensity)
     in the ranking, the point of STACKING_ALPHAS that scores best on FUSION_OBJECTIVE (ties: the smaller).
 
-    Shapes as in choose_weights; label_depth: (L,), the labels the members can rank. Returns (the stacked model,
-    its validation P@1 / PSP@5 / objective, alphas tried), or None when the candidates hold fewer than
-    STACKING_MIN_POSITIVES relevant labels or no irrelevant one (nothing to fit)."""
+    Shapes as in choose_weights; label_depth: (L,), the labels the members can rank; tail_alpha: the largest
+    tail_alpha of the members (served_metrics: each alpha is judged on the ranking with their tail slots). Returns
+    (the stacked model, its validation P@1 / PSP@5 / objective, alphas tried), or None when the candidates hold
+    fewer than STACKING_MIN_POSITIVES relevant labels or no irrelevant one (nothing to fit)."""
     from sklearn.linear_model import LogisticRegression   # scikit-learn loads only when a stacked model is fitted
 
     ids, features = candidate_features(labels, normalised, label_depth)
@@ -697,8 +710,8 @@ def fit_stacking(labels: Sequence[np.ndarray], normalised: Sequence[np.ndarray],
     alone = members_alone(labels, truth, inv_propensity)
     best_alpha, best_metrics = None, None
     for alpha in STACKING_ALPHAS:
-        ranked, _ = ranked_candidates(ids, logits + alpha * log_inverse, top_k)
-        metrics = evaluate(ranked, truth, ks=(1, 5), inv_propensity=inv_propensity)
+        ranked = ranked_candidates(ids, logits + alpha * log_inverse, top_k)
+        metrics = served_metrics(ranked, truth, inv_propensity, tail_alpha, log_scores=True)
         value = objective(metrics, alone)
         if best_metrics is None or value > best_metrics["objective"] + 1e-9:
             best_alpha, best_metrics = alpha, {"P@1": metrics["P@1"], "PSP@5": metrics["PSP@5"], "objective": value}
