@@ -122,12 +122,20 @@ def test_a_flat_lightxml_head_reads_a_bag_of_word_pieces(settings, buckets):
     assert "options.lexical_buckets" not in clustered or settings.get("cluster_size") == 1
 
 
-def test_no_rule_derives_tail_slots_and_set_turns_them_on(registry, tiny_dataset):
-    # LightXML's own tail slots were not kept (BENCHMARKS.md section 11, "LightXML's own tail slots")
+def test_a_flat_lightxml_run_on_a_dataset_without_a_preset_ranks_its_later_places_with_tail_slots(registry,
+                                                                                                    tiny_dataset):
+    from xmcbench_lightxml.methods import FLAT_TAIL_ALPHA, derive_flat_head
+
+    assert FLAT_TAIL_ALPHA == 1
     plan = plan_run(registry, "lightxml", str(tiny_dataset))
+    assert plan.config.tail_alpha == 1 and "flat" in plan.derived["tail_alpha"].source
+    plan = plan_run(registry, "lightxml", str(tiny_dataset), set_options=["tail_alpha=0"])
     assert plan.config.tail_alpha == 0 and "tail_alpha" not in plan.derived
-    plan = plan_run(registry, "lightxml", str(tiny_dataset), set_options=["tail_alpha=1"])
-    assert plan.config.tail_alpha == 1 and "tail_alpha" not in plan.derived
+    clustered = derive_flat_head(statistics(labels=defaults.FLAT_MAX_LABELS + 1), CPU, settings=TrainConfig())
+    assert "tail_alpha" not in clustered, "measured on flat runs only"
+    # a preset keeps the paper's ranking: the embedded default and the paper's datasets
+    assert plan_run(registry, "lightxml", "debian-debtags-mini").config.tail_alpha == 0
+    assert TrainConfig().tail_alpha == 0, "every other method ranks as it scores unless --set tail_alpha=A"
     assert plan_run(registry, "bonsai", str(tiny_dataset), set_options=["tail_alpha=0.5"]).config.tail_alpha == 0.5
 
 

@@ -118,6 +118,31 @@ def test_a_fusion_of_members_with_tail_slots_tries_no_smaller_alpha():
     assert record["P@5_floor"] == min(record["alphas_tried"][0]["P@5"], member_p5) < member_p5
 
 
+def test_a_stacked_model_chooses_its_alpha_with_its_members_tail_slots_in_place(monkeypatch):
+    # member 0 ranks the rare relevant label 20 sixth; member 1 ranked with tail slots and holds it fifth. The
+    # stacked model's log-odds are member 0's normalised score x 10 (label 4: 6, label 20: 5, log(1 / p) 2), so
+    # alone it needs alpha 0.6 to lift label 20 over label 4, where the members' tail slots (alpha 1) already do
+    labels, scores, truth = rare_label_sixth(60)
+    slotted = labels.copy()
+    slotted[:, [4, 5]] = slotted[:, [5, 4]]
+    inverse = np.ones(30)
+    inverse[20] = math.e ** 2
+    monkeypatch.setattr(fusion_rules, "stacking_logits", lambda features, stacking: 10 * features[..., 0])
+    depth = np.zeros(30)
+
+    def fitted(tail_alpha):
+        return fusion_rules.fit_stacking([labels, slotted], [scores, scores], truth, inverse, 10, depth, tail_alpha)
+
+    alone, _, _ = fitted(0.0)
+    assert alone["alpha"] == 0.6, "without tail slots, the smallest alpha that reaches member 1's PSP@5"
+    with_slots, validation, _ = fitted(1.0)
+    assert with_slots["alpha"] == 0.0, "the tail slots put label 20 fifth: no propensity term in the first places"
+    # at alpha 0 the model ranks as member 0; with the tail slots that ranking scores as member 1 alone
+    served = fusion_rules.served_metrics((labels, 10 * scores), truth, inverse, 1.0, log_scores=True)
+    member = fusion_rules.members_alone([slotted], truth, inverse)[0]
+    assert validation["objective"] == 0.0 and validation["PSP@5"] == served["PSP@5"] == member["PSP@5"]
+
+
 def test_tail_slots_survive_ensemble_json_and_old_ensembles_have_none(tmp_path):
     quantiles = [np.linspace(0, 1, 5), np.linspace(0, 1, 5)]
     log_inverse = np.zeros(6)
