@@ -138,5 +138,5 @@ def test_a_run_with_a_longer_window_tokenizes_to_it_and_predicts_from_its_saved_
     assert config["config"]["options"]["lexical_window"] == 64
     model, saved_config, _ = load_model(tmp_path / "run", registry)
     assert model.encoder.tokens_to_read(saved_config.max_length) == 64
-    found = predict_documents(model, LONG_TEXTS, None, saved_config)
+    found = predict_documents(model, LONG_TEXTS, None, saved_config, model_dir=tmp_path / "run")   # its tail slots
     assert len(found.labels) == len(LONG_TEXTS)

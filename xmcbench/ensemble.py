@@ -63,9 +63,11 @@ from xmcbench.errors import DamagedModel, XmcError
 from xmcbench.formats import open_dataset
 from xmcbench.fusion import FITTED_RULES, FUSION_OBJECTIVE, FUSION_RULES, MIN_BIN_POSITIVES, STACKING_MIN_POSITIVES, \
     WEIGHT_BIN_NAMES, WEIGHT_BINS, Fusion, choose_bin_weights, choose_tail_alpha, choose_weights, describe_weights, \
-    fit_stacking, fuse, label_depth, members_alone, normalise, score_quantiles, weight_bin_groups, weight_group_name
+    fit_stacking, fuse, label_depth, members_alone, normalise, objective, score_quantiles, weight_bin_groups, \
+    weight_group_name
 from xmcbench.inference import Predictions
 from xmcbench.labels import load_label_info
+from xmcbench.metrics import evaluate
 from xmcbench.models import load_model, predict_documents, saved_zero_shot_mask
 from xmcbench.prediction_files import read_predictions
 from xmcbench.registry import Registry, build_registry
@@ -335,7 +337,11 @@ def fit_fusion(members: list[Member], dataset, top_k: int, rule: str = "weighted
                                       members_tail_alpha=members_tail_alpha)
     fusion.record["tail_slots_chosen"] = record
     if alpha > 0:
-        fusion.record["validation_before_tail_slots"] = fusion.record["validation"]
+        # the stacked model's own figures already hold its members' tail slots (fit_stacking): score the ranking
+        before = evaluate(fused[0], truth, ks=(1, 5), inv_propensity=inv_propensity)
+        alone = members_alone([member_labels[:, :top_k] for member_labels in labels], truth, inv_propensity)
+        fusion.record["validation_before_tail_slots"] = {"P@1": before["P@1"], "PSP@5": before["PSP@5"],
+                                                         "objective": objective(before, alone)}
         fusion.record["validation"] = next({key: found[key] for key in ("P@1", "PSP@5", "objective")}
                                            for found in record["alphas_tried"] if found["alpha"] == alpha)
         fusion.tail_alpha = alpha
