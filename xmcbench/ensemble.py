@@ -339,9 +339,9 @@ def fit_fusion(members: list[Member], dataset, top_k: int, rule: str = "weighted
     if alpha > 0:
         # the stacked model's own figures already hold its members' tail slots (fit_stacking): score the ranking
         before = evaluate(fused[0], truth, ks=(1, 5), inv_propensity=inv_propensity)
-        alone = members_alone([member_labels[:, :top_k] for member_labels in labels], truth, inv_propensity)
-        fusion.record["validation_before_tail_slots"] = {"P@1": before["P@1"], "PSP@5": before["PSP@5"],
-                                                         "objective": objective(before, alone)}
+        fusion.record["validation_before_tail_slots"] = {
+            "P@1": before["P@1"], "PSP@5": before["PSP@5"],
+            "objective": objective(before, fusion.record["validation_members_alone"])}
         fusion.record["validation"] = next({key: found[key] for key in ("P@1", "PSP@5", "objective")}
                                            for found in record["alphas_tried"] if found["alpha"] == alpha)
         fusion.tail_alpha = alpha

@@ -45,7 +45,7 @@ scores (ties: lower id first).
   slots and its best member's (choose_tail_alpha). P@1 and P@3 stay the fusion's; a rare label that the fusion
   holds just below the top 5 can take the fifth place, which is where a label seen once or twice scores in PSP@5.
   The record's "tail_slots_chosen" lists every alpha's validation figures. A single run can rank its own places
-  the same way (the setting tail_alpha, with_tail_slots; no method's default): the fusion of such runs then
+  the same way (the setting tail_alpha, with_tail_slots; a flat LightXML run's default): the fusion of such runs then
   tries only alphas from its members' largest tail_alpha up (tail_alpha_candidates), the P@5 floor counted from
   the first of them, since the fused scores would otherwise put the members' rare labels back where their scores
   alone rank them.
